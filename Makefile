@@ -1,0 +1,99 @@
+# mok — one plain Makefile.
+#   make          build/libmok.so, build/libmok.a and the CLI build/mok
+#   make test     build and run every test (GPU tests skip, saying why, without a GPU)
+#   make run      the main job: the fastest implementation on all local GPUs, or the
+#                 CPU reference on a small model where no GPU exists
+# Variables: CUDA_HOME (default /usr/local/cuda), NCCL_HOME (default: searched in
+# CUDA_HOME and /usr), NVCC_ARCH (default sm_90a), DEBUG=1.
+
+CUDA_HOME ?= /usr/local/cuda
+NVCC      ?= $(CUDA_HOME)/bin/nvcc
+CC        ?= gcc
+ifeq ($(CC),cc)
+CC := gcc
+endif
+
+# ---- NCCL: found explicitly, or a loud error naming the variable to set ----------
+ifndef NCCL_HOME
+  ifneq ($(wildcard $(CUDA_HOME)/include/nccl.h),)
+    NCCL_HOME := $(CUDA_HOME)
+  else ifneq ($(wildcard /usr/include/nccl.h),)
+    NCCL_HOME := /usr
+  endif
+endif
+ifeq ($(wildcard $(NCCL_HOME)/include/nccl.h),)
+  $(error NCCL not found: no nccl.h under CUDA_HOME=$(CUDA_HOME) or /usr. Set NCCL_HOME to the NCCL install (NCCL 2.28+ with nccl_device.h))
+endif
+ifeq ($(wildcard $(NCCL_HOME)/include/nccl_device.h),)
+  $(error NCCL at $(NCCL_HOME) has no nccl_device.h: mok needs NCCL 2.28+ (set NCCL_HOME))
+endif
+ifeq ($(wildcard $(NVCC)),)
+  $(error nvcc not found at $(NVCC): set CUDA_HOME to the CUDA toolkit)
+endif
+NCCL_LIBDIR := $(firstword $(wildcard $(NCCL_HOME)/lib/libnccl.so $(NCCL_HOME)/lib64/libnccl.so $(NCCL_HOME)/lib/x86_64-linux-gnu/libnccl.so*))
+NCCL_LIBDIR := $(dir $(NCCL_LIBDIR))
+CUDA_LIBDIR := $(firstword $(wildcard $(CUDA_HOME)/lib64 $(CUDA_HOME)/lib))
+
+ifeq ($(DEBUG),1)
+  OPT := -O0 -g
+  NVOPT := -O0 -g -G
+else
+  OPT := -O2 -g
+  NVOPT := -O3 -lineinfo
+endif
+
+INCS    := -Iinclude -Isrc -I$(CUDA_HOME)/include -I$(NCCL_HOME)/include
+CFLAGS  += -std=c11 $(OPT) -Wall -Wextra -Wno-unused-parameter -fPIC -pthread -MMD -MP -D_GNU_SOURCE $(INCS)
+NVCC_GENCODE ?= -gencode arch=compute_90a,code=sm_90a
+NVFLAGS += -std=c++17 $(NVOPT) $(NVCC_GENCODE) -Xcompiler -fPIC,-Wall,-Wno-unused-parameter \
+           -Xptxas=--warn-on-spills -MMD -MP $(INCS) --expt-relaxed-constexpr
+comma   := ,
+RPATH   := -Wl,-rpath,$(CUDA_LIBDIR) $(if $(NCCL_LIBDIR),-Wl$(comma)-rpath$(comma)$(NCCL_LIBDIR))
+LDLIBS  := -L$(CUDA_LIBDIR) $(if $(NCCL_LIBDIR),-L$(NCCL_LIBDIR)) -lnccl -lcublasLt -lcublas -lcudart -lstdc++ -lm -lpthread -ldl
+
+B := build
+LIB_C   := $(wildcard src/*.c)
+LIB_CU  := $(wildcard src/*.cu)
+LIB_OBJ := $(LIB_C:src/%.c=$(B)/obj/src/%.o) $(LIB_CU:src/%.cu=$(B)/obj/src/%.cu.o)
+CLI_C   := $(wildcard tools/*.c)
+CLI_CU  := $(wildcard tools/*.cu)
+CLI_OBJ := $(CLI_C:tools/%.c=$(B)/obj/tools/%.o) $(CLI_CU:tools/%.cu=$(B)/obj/tools/%.cu.o)
+TEST_C  := $(wildcard tests/*.c)
+TEST_CU := $(wildcard tests/*.cu)
+TEST_OBJ := $(TEST_C:tests/%.c=$(B)/obj/tests/%.o) $(TEST_CU:tests/%.cu=$(B)/obj/tests/%.cu.o)
+
+.PHONY: all test run check-header clean
+all: $(B)/libmok.so $(B)/libmok.a $(B)/mok
+
+$(B)/obj/%.o: %.c
+	@mkdir -p $(dir $@)
+	$(CC) $(CFLAGS) -c $< -o $@
+$(B)/obj/%.cu.o: %.cu
+	@mkdir -p $(dir $@)
+	$(NVCC) $(NVFLAGS) -c $< -o $@
+
+$(B)/libmok.so: $(LIB_OBJ)
+	$(CC) -shared -o $@ $^ $(RPATH) $(LDLIBS)
+$(B)/libmok.a: $(LIB_OBJ)
+	rm -f $@ && ar rcs $@ $^
+# The CLI links the static library: its benchmarks reach internal kernels directly.
+$(B)/mok: $(CLI_OBJ) $(B)/libmok.a
+	$(CC) -o $@ $(CLI_OBJ) $(B)/libmok.a $(RPATH) $(LDLIBS)
+$(B)/mok_tests: $(TEST_OBJ) $(B)/libmok.a
+	$(CC) -o $@ $(TEST_OBJ) $(B)/libmok.a $(RPATH) $(LDLIBS)
+
+# The public header must compile alone, as C11 and as C++.
+check-header:
+	$(CC) -std=c11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c include/mok.h
+	g++ -std=c++11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c++ include/mok.h
+
+test: all $(B)/mok_tests check-header
+	$(B)/mok_tests $(TESTS)
+
+run: all
+	$(B)/mok run
+
+clean:
+	rm -rf $(B)
+
+-include $(shell find $(B)/obj -name '*.d' 2>/dev/null)

@@ -1,0 +1,68 @@
+/*
+ * internal.h — what every mok source file shares: the layer struct, error reporting
+ * (set a message, return a status), and small helpers. Not installed.
+ *
+ * Error style: a failing function calls mok_error(layer_or_NULL, status, fmt, ...)
+ * which records the message in the calling thread's slot (and the handle's) and
+ * returns the status, so checks read `if (bad) return mok_error(...)`.
+ * MOK_CHECK(call) propagates a status; CUDA_CHECK / NCCL_CHECK turn a failing CUDA or
+ * NCCL call into mokCudaError / mokNcclError with file:line and the call's text.
+ */
+#ifndef MOK_INTERNAL_H
+#define MOK_INTERNAL_H
+
+#include "mok.h"
+
+#include <stdarg.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#define MOK_ERRMSG_LEN 512
+
+struct mokLayer {
+  mokConfig_t cfg;           /* validated, defaults filled in */
+  int local_experts;         /* E_l = E / N */
+  int64_t sched_capacity;    /* rows of the largest schedule */
+  char last_error[MOK_ERRMSG_LEN];
+};
+
+/* Records the message (thread slot, and the layer's when non-NULL); returns status. */
+mokResult_t mok_error(struct mokLayer *layer, mokResult_t status, const char *fmt, ...)
+    __attribute__((format(printf, 3, 4)));
+/* Clears the calling thread's message; every public entry point calls it first. */
+void mok_clear_error(void);
+
+/* Validates a user config; on success fills *out with defaults applied. */
+mokResult_t mok_config_validate(const mokConfig_t *in, mokConfig_t *out);
+
+#define MOK_CHECK(call)                                                          \
+  do {                                                                           \
+    mokResult_t st_ = (call);                                                    \
+    if (st_ != mokSuccess) return st_;                                           \
+  } while (0)
+
+#define CUDA_CHECK(layer, call)                                                  \
+  do {                                                                           \
+    cudaError_t e_ = (call);                                                     \
+    if (e_ != cudaSuccess)                                                       \
+      return mok_error((layer), mokCudaError, "%s:%d: %s failed: %s", __FILE__,  \
+                       __LINE__, #call, cudaGetErrorString(e_));                 \
+  } while (0)
+
+#define NCCL_CHECK(layer, call)                                                  \
+  do {                                                                           \
+    ncclResult_t r_ = (call);                                                    \
+    if (r_ != ncclSuccess)                                                       \
+      return mok_error((layer), mokNcclError, "%s:%d: %s failed: %s", __FILE__,  \
+                       __LINE__, #call, ncclGetErrorString(r_));                 \
+  } while (0)
+
+static inline int64_t mok_round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_INTERNAL_H */

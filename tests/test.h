@@ -1,0 +1,86 @@
+/*
+ * test.h — the mok test harness: tests register themselves (a constructor per test),
+ * tests/test_main.c runs them, prints one line each and a closing
+ * "N passed, N failed, N skipped" line, and exits non-zero on any failure.
+ *
+ *   MOK_TEST(name) { CHECK(x == 1); CHECK_MSG(err < 1e-2, "rel err %g", err); }
+ *   MOK_GPU_TEST(name, min_gpus) { ... }   skipped, with the reason, when fewer GPUs exist
+ *   SKIP("why");                           skip from inside a test
+ *
+ * Tests are plain C11 (.c) or CUDA C (.cu); in .cu files the same macros work.
+ * Tests may include src/ internal headers: they are white-box where the stage needs it.
+ */
+#ifndef MOK_TEST_H
+#define MOK_TEST_H
+
+#include <stdarg.h>
+#include <stdint.h>
+#include <stdio.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct test_ctx {
+  int failed;
+  int skipped;
+  char msg[1024];
+} test_ctx;
+
+typedef void (*test_fn)(test_ctx *t);
+void test_register(const char *name, test_fn fn, int min_gpus, const char *file);
+void test_fail(test_ctx *t, const char *file, int line, const char *fmt, ...);
+void test_skip(test_ctx *t, const char *fmt, ...);
+/* Fresh randomness per run unless MOK_TEST_SEED is set; printed by the runner. */
+uint64_t test_seed(void);
+/* Number of CUDA devices visible (0 without a GPU or driver). */
+int test_gpu_count(void);
+
+#define MOK_TEST_(name, gpus)                                                  \
+  static void name(test_ctx *t);                                               \
+  __attribute__((constructor)) static void name##_register_(void) {            \
+    test_register(#name, name, gpus, __FILE__);                                \
+  }                                                                            \
+  static void name(test_ctx *t)
+
+#define MOK_TEST(name) MOK_TEST_(name, 0)
+#define MOK_GPU_TEST(name, min_gpus) MOK_TEST_(name, min_gpus)
+
+#define CHECK(cond)                                                            \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      test_fail(t, __FILE__, __LINE__, "CHECK(%s)", #cond);                    \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+
+#define CHECK_MSG(cond, ...)                                                   \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      test_fail(t, __FILE__, __LINE__, __VA_ARGS__);                           \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+
+/* CHECK that a mok call returns the expected status. */
+#define CHECK_STATUS(call, expected)                                           \
+  do {                                                                         \
+    int got_ = (int)(call);                                                    \
+    if (got_ != (int)(expected)) {                                             \
+      test_fail(t, __FILE__, __LINE__, "%s returned %d, expected %d (%s)",     \
+                #call, got_, (int)(expected), mokGetLastError());              \
+      return;                                                                  \
+    }                                                                          \
+  } while (0)
+#define CHECK_OK(call) CHECK_STATUS(call, mokSuccess)
+
+#define SKIP(...)                                                              \
+  do {                                                                         \
+    test_skip(t, __VA_ARGS__);                                                 \
+    return;                                                                    \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_TEST_H */

@@ -1,0 +1,188 @@
+/*
+ * test_api.c — status strings, version, config validation, the layer handle and the
+ * error channels. Every bad config gets mokInvalidArgument, a message naming the
+ * field, and leaves the caller's output untouched.
+ */
+#include <pthread.h>
+#include <string.h>
+
+#include "mok.h"
+#include "test.h"
+
+MOK_TEST(api_version_and_status_strings) {
+  int v = -1;
+  CHECK_OK(mokGetVersion(&v));
+  CHECK(v == MOK_VERSION_CODE);
+  CHECK_STATUS(mokGetVersion(NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "version") != NULL);
+  for (int r = 0; r < mokNumResults; r++) {
+    const char *n = mokGetErrorName((mokResult_t)r), *s = mokGetErrorString((mokResult_t)r);
+    CHECK(n && s && strncmp(n, "mok", 3) == 0 && strlen(s) > 3);
+    for (int q = 0; q < r; q++) CHECK_MSG(strcmp(n, mokGetErrorName((mokResult_t)q)), "duplicate name %s", n);
+  }
+  CHECK(!strcmp(mokGetErrorName(mokInvalidArgument), "mokInvalidArgument"));
+  CHECK(!strcmp(mokGetErrorName((mokResult_t)999), "mokUnknownResult"));
+  CHECK(mokGetErrorString((mokResult_t)-5) != NULL);
+}
+
+static mokConfig_t good_config(void) {
+  mokConfig_t c = MOK_CONFIG_INITIALIZER;
+  c.num_experts = 8, c.hidden = 128, c.inter = 64, c.topk = 2, c.shared_inter = 64, c.num_ranks = 2;
+  c.max_tokens = 16;
+  return c;
+}
+
+MOK_TEST(api_config_init_and_defaults) {
+  mokConfig_t a, b = MOK_CONFIG_INITIALIZER;
+  memset(&a, 0x5a, sizeof a);
+  CHECK_OK(mokConfigInit(&a));
+  CHECK(!memcmp(&a, &b, sizeof a));
+  CHECK(a.size == sizeof(mokConfig_t) && a.magic == MOK_CONFIG_MAGIC && a.num_ranks == 1);
+  CHECK_STATUS(mokConfigInit(NULL), mokInvalidArgument);
+  mokConfig_t c = good_config();
+  mokLayer_t l = NULL;
+  CHECK_OK(mokLayerCreate(&l, &c));
+  mokConfig_t got;
+  CHECK_OK(mokLayerGetConfig(l, &got));
+  CHECK(got.row_pad == MOK_DEFAULT_ROW_PAD && got.hidden == 128 && got.num_ranks == 2);
+  int64_t cap = 0;
+  CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+  /* N*T_max*k + E_l*(P-1) rounded up to P */
+  int64_t want = (2 * 16 * 2 + 4 * 63 + 63) / 64 * 64;
+  CHECK_MSG(cap == want, "capacity %lld, want %lld", (long long)cap, (long long)want);
+  CHECK_STATUS(mokLayerGetConfig(l, NULL), mokInvalidArgument);
+  CHECK(strstr(mokLayerGetLastError(l), "config is NULL") != NULL);
+  CHECK_OK(mokLayerDestroy(l));
+  CHECK_OK(mokLayerDestroy(NULL));
+  CHECK(!strcmp(mokLayerGetLastError(NULL), ""));
+}
+
+MOK_TEST(api_model_presets) {
+  int count = 0;
+  const char *name = NULL;
+  CHECK_OK(mokModelName(0, &name, &count));
+  CHECK(count >= 7 && name);
+  for (int i = 0; i < count; i++) {
+    CHECK_OK(mokModelName(i, &name, NULL));
+    mokConfig_t c = MOK_CONFIG_INITIALIZER;
+    CHECK_OK(mokConfigSetModel(&c, name));
+    c.max_tokens = 2048;
+    c.num_ranks = 8;
+    mokLayer_t l;
+    CHECK_OK(mokLayerCreate(&l, &c)); /* every published shape is valid at EP8 */
+    mokLayerDestroy(l);
+  }
+  CHECK_OK(mokModelName(count, &name, NULL));
+  CHECK(name == NULL);
+  mokConfig_t c = MOK_CONFIG_INITIALIZER;
+  CHECK_OK(mokConfigSetModel(&c, "deepseek-v3"));
+  CHECK(c.num_experts == 256 && c.hidden == 7168 && c.inter == 2048 && c.topk == 8 && c.shared_inter == 2048);
+  mokConfig_t before = c;
+  CHECK_STATUS(mokConfigSetModel(&c, "gpt-5"), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "gpt-5") && strstr(mokGetLastError(), "glm-5.2"));
+  CHECK(!memcmp(&before, &c, sizeof c));
+}
+
+typedef struct {
+  const char *what;
+  void (*mutate)(mokConfig_t *);
+  const char *field; /* must appear in the message */
+} bad_case;
+
+static void m_k_gt_e(mokConfig_t *c) { c->num_experts = 2, c->num_ranks = 1, c->topk = 3; }
+static void m_e_div(mokConfig_t *c) { c->num_experts = 9; }
+static void m_h64(mokConfig_t *c) { c->hidden = 100; }
+static void m_i64(mokConfig_t *c) { c->inter = 96; }
+static void m_is64(mokConfig_t *c) { c->shared_inter = 32; }
+static void m_neg_h(mokConfig_t *c) { c->hidden = -64; }
+static void m_neg_e(mokConfig_t *c) { c->num_experts = -8; }
+static void m_neg_is(mokConfig_t *c) { c->shared_inter = -64; }
+static void m_k0(mokConfig_t *c) { c->topk = 0; }
+static void m_k33(mokConfig_t *c) { c->num_experts = 64, c->topk = 33; }
+static void m_ranks0(mokConfig_t *c) { c->num_ranks = 0; }
+static void m_tmax(mokConfig_t *c) { c->max_tokens = 0; }
+static void m_dtype(mokConfig_t *c) { c->grad_dtype = (mokDtype_t)7; }
+static void m_limit(mokConfig_t *c) { c->swiglu_limit = -1.0f; }
+static void m_limit_nan(mokConfig_t *c) { c->swiglu_limit = 0.0f / 0.0f; }
+static void m_pad(mokConfig_t *c) { c->row_pad = 96; }
+static void m_magic(mokConfig_t *c) { c->magic = 0; }
+static void m_size(mokConfig_t *c) { c->size = 8; }
+static void m_version(mokConfig_t *c) { c->version = 990000; }
+static void m_overflow(mokConfig_t *c) { c->max_tokens = 1 << 28, c->topk = 8; }
+
+MOK_TEST(api_config_validation) {
+  bad_case cases[] = {
+      {"k > E", m_k_gt_e, "topk"},
+      {"E not divisible by ranks", m_e_div, "num_experts"},
+      {"H not a multiple of 64", m_h64, "hidden"},
+      {"I not a multiple of 64", m_i64, "inter"},
+      {"I_s not a multiple of 64", m_is64, "shared_inter"},
+      {"negative H", m_neg_h, "hidden"},
+      {"negative E", m_neg_e, "num_experts"},
+      {"negative I_s", m_neg_is, "shared_inter"},
+      {"k = 0", m_k0, "topk"},
+      {"k = 33", m_k33, "topk"},
+      {"0 ranks", m_ranks0, "num_ranks"},
+      {"T_max = 0", m_tmax, "max_tokens"},
+      {"bad dtype", m_dtype, "grad_dtype"},
+      {"negative clamp", m_limit, "swiglu_limit"},
+      {"NaN clamp", m_limit_nan, "swiglu_limit"},
+      {"row_pad 96", m_pad, "row_pad"},
+      {"no magic", m_magic, "magic"},
+      {"short size", m_size, "size"},
+      {"other major version", m_version, "version"},
+      {"int32 overflow", m_overflow, "int32"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    mokConfig_t c = good_config();
+    cases[i].mutate(&c);
+    mokLayer_t l = (mokLayer_t)(uintptr_t)0x1234;
+    mokResult_t r = mokLayerCreate(&l, &c);
+    CHECK_MSG(r == mokInvalidArgument, "%s: got %s", cases[i].what, mokGetErrorName(r));
+    CHECK_MSG(l == (mokLayer_t)(uintptr_t)0x1234, "%s: the handle output was written", cases[i].what);
+    CHECK_MSG(strstr(mokGetLastError(), cases[i].field) != NULL, "%s: message '%s' does not name %s",
+              cases[i].what, mokGetLastError(), cases[i].field);
+  }
+  mokConfig_t c = good_config();
+  CHECK_STATUS(mokLayerCreate(NULL, &c), mokInvalidArgument);
+  mokLayer_t l = NULL;
+  CHECK_STATUS(mokLayerCreate(&l, NULL), mokInvalidArgument);
+  CHECK(l == NULL);
+  /* a success clears the thread's message */
+  CHECK_OK(mokLayerCreate(&l, &c));
+  CHECK(!strcmp(mokGetLastError(), ""));
+  mokLayerDestroy(l);
+}
+
+static void *other_thread(void *arg) {
+  (void)arg;
+  mokConfig_t c = MOK_CONFIG_INITIALIZER; /* missing required fields */
+  mokLayer_t l;
+  mokLayerCreate(&l, &c);
+  return (void *)(uintptr_t)(strstr(mokGetLastError(), "num_experts") != NULL);
+}
+
+MOK_TEST(api_last_error_is_per_thread) {
+  CHECK_STATUS(mokGetVersion(NULL), mokInvalidArgument);
+  char mine[512];
+  snprintf(mine, sizeof mine, "%s", mokGetLastError());
+  pthread_t th;
+  void *res = NULL;
+  CHECK(pthread_create(&th, NULL, other_thread, NULL) == 0);
+  pthread_join(th, &res);
+  CHECK(res == (void *)1);
+  CHECK(!strcmp(mine, mokGetLastError())); /* the other thread's failure did not touch ours */
+}
+
+MOK_TEST(api_bf16_conversion) {
+  CHECK(mokFloatToBf16(1.0f) == 0x3f80);
+  CHECK(mokFloatToBf16(-2.0f) == 0xc000);
+  CHECK(mokBf16ToFloat(0x3f80) == 1.0f);
+  /* round to nearest even: 1 + 2^-8 is a tie between 1 and 1 + 2^-7 -> even (1.0) */
+  CHECK(mokFloatToBf16(1.0f + 1.0f / 256) == 0x3f80);
+  CHECK(mokFloatToBf16(1.0f + 3.0f / 256) == 0x3f82);
+  float nan = 0.0f / 0.0f;
+  float back = mokBf16ToFloat(mokFloatToBf16(nan));
+  CHECK(back != back);
+  CHECK(mokBf16ToFloat(mokFloatToBf16(3.0e38f * 10)) > 1e38f); /* inf stays inf */
+}

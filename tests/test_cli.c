@@ -1,0 +1,106 @@
+/*
+ * test_cli.c — the command-line tool as a user meets it: exit codes (0 ok, 2 bad
+ * usage), messages naming the bad argument, `mok run --impl cpu` printing every
+ * checksum, the memory refusal, and `mok info` without a GPU. Runs build/mok (built by
+ * `make test` before the tests); skipped if it is missing.
+ */
+#include <stdlib.h>
+#include <string.h>
+#include <sys/wait.h>
+#include <unistd.h>
+
+#include "mok.h"
+#include "test.h"
+
+/* Runs build/mok with args; captures stdout+stderr into out; returns the exit code. */
+static int run_cli(const char *args, char *out, size_t n) {
+  char cmd[1024];
+  snprintf(cmd, sizeof cmd, "build/mok %s 2>&1", args);
+  FILE *f = popen(cmd, "r");
+  if (!f) return -1;
+  size_t got = fread(out, 1, n - 1, f);
+  out[got] = '\0';
+  int st = pclose(f);
+  return WIFEXITED(st) ? WEXITSTATUS(st) : -1;
+}
+
+#define NEED_CLI() \
+  if (access("build/mok", X_OK) != 0) SKIP("build/mok not built (run from the repository root after make)")
+
+MOK_TEST(cli_bad_arguments_exit_2) {
+  NEED_CLI();
+  static char out[1 << 16];
+  struct { const char *args, *must; } cases[] = {
+      {"", "usage"},
+      {"frobnicate", "unknown command"},
+      {"run --tokens abc", "--tokens"},
+      {"run --model nope", "unknown model 'nope'"},
+      {"run --impl gpu-magic", "--impl"},
+      {"run --routing zipf:", "--routing"},
+      {"run --routing sideways", "--routing"},
+      {"run --hidden 100", "config.hidden"},
+      {"run --topk 40", "--topk"},
+      {"run --experts 6 --ranks 4", "num_experts"},
+      {"run --routing hot:99 --tokens 4", "hot expert"},
+      {"run --bogus 1", "unknown option '--bogus'"},
+      {"run --tokens", "needs a value"},
+      {"info --verbose", "unknown argument"},
+      {"bench", "usage"},
+      {"bench tea", "unknown benchmark"},
+  };
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
+    int rc = run_cli(cases[i].args, out, sizeof out);
+    CHECK_MSG(rc == 2, "'mok %s' exited %d, want 2; output: %s", cases[i].args, rc, out);
+    CHECK_MSG(strstr(out, cases[i].must) != NULL, "'mok %s': output lacks '%s': %s", cases[i].args, cases[i].must, out);
+  }
+}
+
+MOK_TEST(cli_help_exit_0) {
+  NEED_CLI();
+  static char out[1 << 16];
+  const char *cmds[] = {"--help", "run --help", "info --help", "bench --help"};
+  for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
+    CHECK_MSG(run_cli(cmds[i], out, sizeof out) == 0, "'mok %s' failed: %s", cmds[i], out);
+    CHECK(strstr(out, "usage") != NULL);
+  }
+  CHECK(run_cli("run --help", out, sizeof out) == 0 && strstr(out, "deepseek-v3") && strstr(out, "zipf"));
+}
+
+MOK_TEST(cli_run_cpu_prints_every_checksum) {
+  NEED_CLI();
+  static char out[1 << 16], again[1 << 16];
+  const char *args = "run --impl cpu --hidden 128 --inter 64 --experts 8 --topk 2 --shared-inter 64 --ranks 2 "
+                     "--tokens 16 --seed 7 --routing zipf:1.2 --grad-dtype fp32 --swiglu-limit 1.5";
+  CHECK_MSG(run_cli(args, out, sizeof out) == 0, "%s", out);
+  const char *tensors[] = {"out ", "d_x ", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up", "d_s_down"};
+  for (size_t i = 0; i < sizeof tensors / sizeof tensors[0]; i++) CHECK_MSG(strstr(out, tensors[i]), "no %s: %s", tensors[i], out);
+  CHECK(strstr(out, "nan") == NULL && strstr(out, "inf") == NULL);
+  /* same seed, same checksums; another seed, others */
+  CHECK(run_cli(args, again, sizeof again) == 0);
+  const char *a = strstr(out, "tensor"), *b = strstr(again, "tensor");
+  CHECK(a && b && !strcmp(a, b));
+  CHECK(run_cli("run --impl cpu --hidden 128 --inter 64 --experts 8 --topk 2 --shared-inter 64 --ranks 2 "
+                "--tokens 16 --seed 8 --routing zipf:1.2 --grad-dtype fp32 --swiglu-limit 1.5", again, sizeof again) == 0);
+  b = strstr(again, "tensor");
+  CHECK(b && strcmp(a, b));
+  /* a rank count of one and zero tokens still run */
+  CHECK_MSG(run_cli("run --impl cpu --hidden 64 --inter 64 --experts 4 --topk 2 --ranks 1 --tokens 0", out, sizeof out) == 0,
+            "%s", out);
+  /* a model preset with explicit overrides */
+  CHECK(run_cli("run --impl cpu --model qwen3-30b-a3b --hidden 128 --inter 64 --experts 8 --ranks 2 --tokens 4", out, sizeof out) == 0);
+  CHECK_MSG(strstr(out, "E 8 (E_l 4 per rank), H 128, I 64, k 8, I_s 0"), "%s", out);
+}
+
+MOK_TEST(cli_refuses_shapes_too_large_for_the_reference) {
+  NEED_CLI();
+  static char out[1 << 16];
+  int rc = run_cli("run --impl cpu --model kimi-k2.7-code --ranks 8 --tokens 16384", out, sizeof out);
+  CHECK_MSG(rc == 2 && strstr(out, "GiB"), "rc %d: %s", rc, out);
+}
+
+MOK_TEST(cli_info) {
+  NEED_CLI();
+  static char out[1 << 16];
+  CHECK_MSG(run_cli("info", out, sizeof out) == 0, "%s", out);
+  CHECK(strstr(out, "mok 0.") && strstr(out, "NCCL") && strstr(out, "GPUs"));
+}

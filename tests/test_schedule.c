@@ -1,0 +1,193 @@
+/*
+ * test_schedule.c — the shared schedule (DESIGN.md 2a, src/schedule.h) through the
+ * public mokReferenceSchedule: every route gets exactly one row; segments are padded
+ * to P, disjoint and in expert order; inside a segment routes are in (s, t, j) order;
+ * the result equals a closed-form computation done in another order; bad input is
+ * refused without writing.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "mok.h"
+#include "test.h"
+#include "util.h"
+
+typedef struct {
+  int N, E, k, Tmax, P;
+  int T[8];
+  int32_t *idx[8];
+} routing_case;
+
+/* Random routing with -1 slots and duplicate ids; mode 1: all routes on one expert. */
+static void make_routing(routing_case *c, rng_t *r, int mode) {
+  for (int s = 0; s < c->N; s++) {
+    c->idx[s] = malloc(sizeof(int32_t) * (size_t)(c->T[s] * c->k + 1));
+    for (int q = 0; q < c->T[s] * c->k; q++) {
+      int u = rng_int(r, 10);
+      c->idx[s][q] = mode == 1 ? 1 : u == 0 ? -1 : rng_int(r, c->E);
+    }
+  }
+}
+static void free_routing(routing_case *c) {
+  for (int s = 0; s < c->N; s++) free(c->idx[s]);
+}
+
+/* Checks one rank's schedule against the closed form; returns a message or NULL. */
+static const char *verify(const routing_case *c, int rank, const mokSchedule_t *sc, char *buf, size_t n) {
+  const int El = c->E / c->N;
+  /* closed form: counts per (s, e), then each route's row */
+  int64_t *srcc = calloc((size_t)c->N * El, sizeof(int64_t));
+  int64_t *cnt = calloc((size_t)El, sizeof(int64_t)), *off = calloc((size_t)El + 1, sizeof(int64_t));
+  for (int s = 0; s < c->N; s++)
+    for (int q = 0; q < c->T[s] * c->k; q++) {
+      int e = c->idx[s][q] - rank * El;
+      if (c->idx[s][q] >= 0 && e >= 0 && e < El) srcc[s * El + e]++, cnt[e]++;
+    }
+  for (int e = 0; e < El; e++) off[e + 1] = off[e] + (cnt[e] + c->P - 1) / c->P * c->P;
+  const char *err = NULL;
+  for (int e = 0; e < El && !err; e++) {
+    if (sc->expert_count[e] != cnt[e]) err = "expert_count differs";
+    if (sc->expert_offset[e] != off[e] || sc->expert_offset[e + 1] != off[e + 1]) err = "expert_offset differs";
+    for (int s = 0; s < c->N && sc->src_count; s++)
+      if (sc->src_count[s * El + e] != srcc[s * El + e]) err = "src_count differs";
+  }
+  /* Visit the routes in reverse (t, j) order: the row is computed, not accumulated. */
+  int64_t rows = off[El];
+  char *seen = calloc((size_t)rows + 1, 1);
+  for (int s = c->N - 1; s >= 0 && !err; s--)
+    for (int q = c->T[s] * c->k - 1; q >= 0 && !err; q--) {
+      int e = c->idx[s][q] - rank * El;
+      if (c->idx[s][q] < 0 || e < 0 || e >= El) continue;
+      int64_t before = 0;
+      for (int s2 = 0; s2 < s; s2++) before += srcc[s2 * El + e];
+      for (int q2 = 0; q2 < q; q2++) before += c->idx[s][q2] == c->idx[s][q];
+      int64_t row = off[e] + before;
+      int32_t id = (int32_t)(((int64_t)s * c->Tmax + q / c->k) * c->k + q % c->k);
+      if (sc->row_route[row] != id) {
+        snprintf(buf, n, "rank %d: row %lld holds route %d, want %d", rank, (long long)row, sc->row_route[row], id);
+        err = buf;
+      }
+      if (seen[row]++) err = "two routes on one row";
+    }
+  for (int64_t q = 0; q < rows && !err; q++) {
+    int e = 0;
+    while (e < El && off[e + 1] <= q) e++;
+    int pad = q >= off[e] + cnt[e];
+    if (pad && sc->row_route[q] != -1) err = "a padding row is not -1";
+    if (!pad && !seen[q]) err = "a row in use holds no route";
+  }
+  free(seen); free(srcc); free(cnt); free(off);
+  return err;
+}
+
+static mokLayer_t make_layer(const routing_case *c) {
+  mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
+  cfg.num_experts = c->E, cfg.hidden = 64, cfg.inter = 64, cfg.topk = c->k, cfg.num_ranks = c->N;
+  cfg.max_tokens = c->Tmax, cfg.row_pad = c->P;
+  mokLayer_t l = NULL;
+  mokLayerCreate(&l, &cfg);
+  return l;
+}
+
+MOK_TEST(schedule_invariants_random_routings) {
+  rng_t r = {test_seed() ^ 0x51};
+  for (int iter = 0; iter < 40; iter++) {
+    routing_case c = {0};
+    c.N = 1 + rng_int(&r, 4);
+    c.k = 1 + rng_int(&r, 6);
+    c.E = c.N * (1 + rng_int(&r, 6));
+    while (c.E < c.k) c.E += c.N;
+    c.Tmax = 1 + rng_int(&r, 40);
+    c.P = 64 * (1 + rng_int(&r, 2));
+    for (int s = 0; s < c.N; s++) c.T[s] = iter % 5 == 0 && s == 0 ? 0 : rng_int(&r, c.Tmax + 1);
+    make_routing(&c, &r, iter % 7 == 3);
+    mokLayer_t l = make_layer(&c);
+    CHECK(l != NULL);
+    mokRankInput_t in[8];
+    for (int s = 0; s < c.N; s++) in[s] = (mokRankInput_t){c.T[s], NULL, c.idx[s], NULL};
+    int64_t cap;
+    CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+    int El = c.E / c.N;
+    for (int rank = 0; rank < c.N; rank++) {
+      int32_t *cnt = malloc(sizeof(int32_t) * El), *off = malloc(sizeof(int32_t) * (El + 1));
+      int32_t *srcc = malloc(sizeof(int32_t) * c.N * El), *rows = malloc(sizeof(int32_t) * cap);
+      mokSchedule_t sc = {cap, cnt, off, srcc, rows};
+      CHECK_OK(mokReferenceSchedule(l, rank, in, &sc));
+      CHECK(off[El] <= cap && off[El] % c.P == 0);
+      char buf[256];
+      const char *err = verify(&c, rank, &sc, buf, sizeof buf);
+      CHECK_MSG(!err, "iter %d (N %d E %d k %d P %d): %s", iter, c.N, c.E, c.k, c.P, err);
+      free(cnt); free(off); free(srcc); free(rows);
+    }
+    mokLayerDestroy(l);
+    free_routing(&c);
+  }
+}
+
+MOK_TEST(schedule_all_routes_on_one_expert_fill_capacity) {
+  /* The worst case the capacity is sized for: every slot of every token of every rank
+   * routes to local expert 0 of rank 0 (k duplicates per token). */
+  routing_case c = {.N = 3, .E = 6, .k = 4, .Tmax = 50, .P = 128, .T = {50, 50, 50}};
+  for (int s = 0; s < 3; s++) {
+    c.idx[s] = malloc(sizeof(int32_t) * 200);
+    for (int q = 0; q < 200; q++) c.idx[s][q] = 0;
+  }
+  mokLayer_t l = make_layer(&c);
+  mokRankInput_t in[3];
+  for (int s = 0; s < 3; s++) in[s] = (mokRankInput_t){50, NULL, c.idx[s], NULL};
+  int64_t cap;
+  CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+  int32_t cnt[2], off[3], rows[1024];
+  CHECK(cap <= 1024);
+  mokSchedule_t sc = {cap, cnt, off, NULL, rows};
+  CHECK_OK(mokReferenceSchedule(l, 0, in, &sc));
+  CHECK(cnt[0] == 600 && cnt[1] == 0 && off[1] == 640 && off[2] == 640 && off[2] <= cap);
+  char buf[256];
+  const char *err = verify(&c, 0, &sc, buf, sizeof buf);
+  CHECK_MSG(!err, "%s", err);
+  /* other ranks: empty segments, no rows */
+  CHECK_OK(mokReferenceSchedule(l, 2, in, &sc));
+  CHECK(cnt[0] == 0 && cnt[1] == 0 && off[0] == 0 && off[2] == 0);
+  mokLayerDestroy(l);
+  free_routing(&c);
+}
+
+MOK_TEST(schedule_rejects_bad_input_without_writing) {
+  routing_case c = {.N = 2, .E = 4, .k = 2, .Tmax = 4, .P = 64, .T = {4, 3}};
+  rng_t r = {test_seed()};
+  make_routing(&c, &r, 0);
+  mokLayer_t l = make_layer(&c);
+  mokRankInput_t in[2] = {{4, NULL, c.idx[0], NULL}, {3, NULL, c.idx[1], NULL}};
+  int32_t cnt[2] = {77, 77}, off[3] = {77, 77, 77}, rows[512];
+  for (int i = 0; i < 512; i++) rows[i] = 77;
+  mokSchedule_t sc = {512, cnt, off, NULL, rows};
+#define UNTOUCHED() (cnt[0] == 77 && off[0] == 77 && rows[0] == 77)
+  c.idx[1][5] = 4; /* expert id out of range */
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, &sc), mokInvalidArgument);
+  CHECK_MSG(strstr(mokGetLastError(), "rank 1") && strstr(mokGetLastError(), "topk_idx[2, 1] = 4"), "%s",
+            mokGetLastError());
+  CHECK(UNTOUCHED());
+  CHECK(strstr(mokLayerGetLastError(l), "topk_idx") != NULL);
+  c.idx[1][5] = -2;
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, &sc), mokInvalidArgument);
+  CHECK(UNTOUCHED());
+  c.idx[1][5] = -1;
+  in[1].num_tokens = 5; /* > max_tokens */
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, &sc), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "num_tokens") && UNTOUCHED());
+  in[1].num_tokens = 3;
+  CHECK_STATUS(mokReferenceSchedule(l, 2, in, &sc), mokInvalidArgument);
+  CHECK_STATUS(mokReferenceSchedule(l, 0, NULL, &sc), mokInvalidArgument);
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokReferenceSchedule(NULL, 0, in, &sc), mokInvalidArgument);
+  mokSchedule_t small = {10, cnt, off, NULL, rows};
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, &small), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "capacity") && UNTOUCHED());
+  in[0].topk_idx = NULL;
+  CHECK_STATUS(mokReferenceSchedule(l, 0, in, &sc), mokInvalidArgument);
+  CHECK(UNTOUCHED());
+  in[0].topk_idx = c.idx[0];
+  CHECK_OK(mokReferenceSchedule(l, 0, in, &sc)); /* still usable after errors */
+  mokLayerDestroy(l);
+  free_routing(&c);
+}

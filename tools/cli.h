@@ -1,0 +1,18 @@
+/*
+ * cli.h — entry points of the CLI's subcommands that live in their own files.
+ * Each takes the arguments after the subcommand name (argv[0] = the subcommand) and
+ * returns the process exit code: 0 ok, 1 a wrong result or failed run, 2 bad usage.
+ */
+#ifndef MOK_CLI_H
+#define MOK_CLI_H
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+int mok_bench_gemm_main(int argc, char **argv); /* tools/bench_gemm.cu: mok bench gemm */
+int mok_bench_comm_main(int argc, char **argv); /* tools/bench_comm.cu: mok bench comm */
+
+#ifdef __cplusplus
+}
+#endif
+#endif
