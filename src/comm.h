@@ -1,0 +1,127 @@
+/*
+ * comm.h — internal face of the multi-GPU runtime (src/comm.cu): the layout of the
+ * symmetric workspace, the by-value view of a communicator that kernels take as a
+ * parameter (mokCommDev), the device error word, and host helpers the layer code,
+ * tests and benchmarks use. Plain C: included from .c and .cu files alike.
+ *
+ * Symmetric workspace of one communicator (one NCCL window, the same size on every
+ * rank, registered with NCCL_WIN_COLL_SYMMETRIC):
+ *
+ *   offset 0                      MOK_COMM_CTRL_BYTES                 total
+ *   | mokCommCtrl (flags, error) | user workspace (mokCommDev.ws_bytes) |
+ *
+ * Peer p's copy of the window starts at mokCommDev.peer_base[p] (p = this rank gives
+ * the local copy); the user workspace of peer p starts at peer_base[p] + MOK_COMM_CTRL_BYTES.
+ */
+#ifndef MOK_COMM_H
+#define MOK_COMM_H
+
+#include "mok.h"
+
+#include <stddef.h>
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Ranks of one NVLink (LSA) domain the device view can address (NVL72 on paper). */
+#define MOK_COMM_MAX_RANKS 72
+/* Bytes reserved at the start of the symmetric window for mokCommCtrl. */
+#define MOK_COMM_CTRL_BYTES 65536
+/* Symmetric allocations are rounded up to this (the cuMem granularity NCCL uses). */
+#define MOK_COMM_ALLOC_ALIGN ((size_t)2 << 20)
+/* Defaults of mokCommConfig_t. */
+#define MOK_COMM_DEFAULT_TIMEOUT_MS 10000
+#define MOK_COMM_DEFAULT_WORKSPACE ((size_t)2 << 20)
+
+/* One 128-byte line per flag so that writers on different GPUs never share a line. */
+#define MOK_COMM_LINE_U32 32
+
+/* Control block at offset 0 of every rank's window. Every field is written only as
+ * documented; all counters are monotonic (wrap-safe comparisons), nothing is reset
+ * while it can be read, except grid_count (see comm_device.cuh, mok_barrier).
+ *   error        first device error word this rank saw (its own or one a peer pushed);
+ *                0 = none. Set once by compare-and-swap, never cleared (sticky until
+ *                the communicator is destroyed).
+ *   grid_count   CTAs of the running kernel arrived at the current grid barrier.
+ *   grid_gen     grid barriers completed on this rank (bumped by the last CTA).
+ *   epoch        cross-rank barriers this rank has entered (written by the last CTA only).
+ *   arrive[p]    the last epoch rank p announced to this rank (written only by rank p). */
+typedef struct mokCommCtrl {
+  unsigned long long error;
+  uint32_t pad0_[MOK_COMM_LINE_U32 - 2];
+  uint32_t grid_count;
+  uint32_t pad1_[MOK_COMM_LINE_U32 - 1];
+  uint32_t grid_gen;
+  uint32_t pad2_[MOK_COMM_LINE_U32 - 1];
+  uint32_t epoch;
+  uint32_t pad3_[MOK_COMM_LINE_U32 - 1];
+  uint32_t arrive[MOK_COMM_MAX_RANKS][MOK_COMM_LINE_U32]; /* arrive[p][0] is the flag */
+} mokCommCtrl;
+
+/* What a kernel needs to reach the communicator: pass it by value as a kernel
+ * parameter (sizeof ~ 600 bytes). Valid until the communicator is destroyed or its
+ * workspace re-reserved (mokCommReserveWorkspace). */
+typedef struct mokCommDev {
+  int rank;                     /* this rank, 0 <= rank < nranks */
+  int nranks;
+  unsigned long long timeout_ns; /* budget of one bounded wait */
+  size_t ws_bytes;              /* user workspace bytes (after the control block) */
+  char *peer_base[MOK_COMM_MAX_RANKS]; /* window base of every rank, as mapped here */
+} mokCommDev;
+
+/* ---- device error word ----------------------------------------------------------
+ * 64 bits: kind (8) | what (8) | rank (16) | where (32), low to high. kind != 0, so a
+ * recorded word is never 0. rank = the rank whose kernel recorded it; peers that stop
+ * because of it keep the same word, so every rank reports the first error's origin. */
+#define MOK_DEVERR_TIMEOUT 1u  /* a bounded wait ran out: maps to mokTimeout */
+#define MOK_DEVERR_INPUT 2u    /* bad device-resident input: maps to mokDeviceError */
+#define MOK_DEVERR_INTERNAL 3u /* an invariant broke on the device: maps to mokInternalError */
+
+/* `what` codes (kept in one list so the host can name them). Layer kernels add theirs
+ * here; where's meaning is per code. */
+#define MOK_WAIT_LIST(X)                                                                  \
+  X(MOK_WAIT_NONE, 0, "unspecified wait", "detail")                                     \
+  X(MOK_WAIT_GRID, 1, "grid barrier (waiting for the other CTAs of this rank)", "barrier") \
+  X(MOK_WAIT_PEER, 2, "cross-rank barrier", "waiting for rank")                         \
+  X(MOK_WAIT_FLAG, 3, "flag wait", "flag index")                                        \
+  X(MOK_WAIT_TEST, 4, "test-planted error", "detail")
+#define MOK_WAIT_ENUM_(name, value, text, where) name = value,
+enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
+#undef MOK_WAIT_ENUM_
+
+#define MOK_ERRWORD(kind, what, rank, where)                                          \
+  ((unsigned long long)((kind) & 0xffu) | ((unsigned long long)((what) & 0xffu) << 8) | \
+   ((unsigned long long)((rank) & 0xffffu) << 16) | ((unsigned long long)(uint32_t)(where) << 32))
+#define MOK_ERRWORD_KIND(w) ((unsigned)((w) & 0xffu))
+#define MOK_ERRWORD_WHAT(w) ((unsigned)(((w) >> 8) & 0xffu))
+#define MOK_ERRWORD_RANK(w) ((int)(((w) >> 16) & 0xffffu))
+#define MOK_ERRWORD_WHERE(w) ((uint32_t)((w) >> 32))
+
+/* ---- host helpers (src/comm.cu) ------------------------------------------------- */
+/* [OUT] dev: the device view of comm (see mokCommDev). */
+mokResult_t mok_comm_device_view(mokComm_t comm, mokCommDev *dev);
+/* The raw error word (0 = none) of this rank, read without waiting for kernels in
+ * flight on other streams. [OUT] word */
+mokResult_t mok_comm_read_error_word(mokComm_t comm, unsigned long long *word);
+/* If [ptr, ptr+bytes) lies inside one buffer of mokCommMemAlloc, writes every rank's
+ * address of ptr into peers[0..nranks) and returns 1; else returns 0 (peers untouched).
+ * Host only; no device work. */
+int mok_comm_find_symmetric(mokComm_t comm, const void *ptr, size_t bytes, void **peers);
+/* Launches a kernel of `blocks` CTAs x `threads` threads that passes `count`
+ * consecutive device barriers (mok_barrier) on the comm's device, on `stream`. With
+ * check != 0, before barrier i every CTA c writes base+i into its slot of every rank's
+ * first workspace bytes, and after it checks that every slot it can see holds base+i or
+ * base+i+1 (anything else = early release: recorded as MOK_DEVERR_INTERNAL with where =
+ * the iteration); needs nranks*blocks*4 workspace bytes. Collective: every rank
+ * launches it with the same blocks and count. */
+mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int threads, int count,
+                                     int check, uint32_t base, cudaStream_t stream);
+/* Launches one CTA that records a planted error word on the device (tests). */
+mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long long word, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_COMM_H */
