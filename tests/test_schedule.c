@@ -24,7 +24,7 @@ static void make_routing(routing_case *c, rng_t *r, int mode) {
     c->idx[s] = malloc(sizeof(int32_t) * (size_t)(c->T[s] * c->k + 1));
     for (int q = 0; q < c->T[s] * c->k; q++) {
       int u = rng_int(r, 10);
-      c->idx[s][q] = mode == 1 ? 1 : u == 0 ? -1 : rng_int(r, c->E);
+      c->idx[s][q] = mode == 1 ? c->E - 1 : u == 0 ? -1 : rng_int(r, c->E);
     }
   }
 }
