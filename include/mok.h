@@ -383,6 +383,44 @@ mokResult_t mokLocalCommsDestroy(int ngpus, mokComm_t *comms);
 typedef mokResult_t (*mokLocalFn_t)(mokComm_t comm, int rank, void *arg);
 mokResult_t mokLocalRun(int ngpus, mokComm_t *comms, mokLocalFn_t fn, void *arg);
 
+/* ---- the layer on GPUs ------------------------------------------------------------ */
+/* Which implementation runs a pass. */
+typedef enum mokImpl {
+  mokImplAuto = 0,     /* the fastest one built for this configuration (today: baseline) */
+  mokImplBaseline = 1  /* NCCL all-to-all-v + cuBLAS expert GEMMs + mok's small kernels. It
+                          waits on the host once per forward for the routing counts (every
+                          conventional expert-parallel layer does); the backward reuses them. */
+} mokImpl_t;
+
+/* Collective over comm's ranks. A layer whose passes run on GPUs: checks that every rank
+ * passed the same config (num_ranks must equal the comm's rank count) and allocates the
+ * device workspace for T_max tokens (on the comm's device). Destroy with mokLayerDestroy
+ * (every rank; it waits for the device).
+ * [OUT] layer  [IN] config (copied)  [IN] comm (must outlive the layer) */
+mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, mokComm_t comm);
+
+/* Collective. Forward of this rank: every pointer is DEVICE memory on the comm's
+ * device, tensors as in section "per-rank tensors" (input->num_tokens may differ per
+ * rank, 0 <= T_r <= max_tokens). Runs on `stream` (stream-ordered; the baseline also
+ * waits on the host for the routing counts). The layer keeps what the backward needs:
+ * call mokLayerBackward with the same input and weights before the next forward.
+ * A bad expert id in topk_idx is reported as mokInvalidArgument before anything is
+ * written. [IN] input, weights  [OUT] out [T_r, H] */
+mokResult_t mokLayerForward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
+                            const mokRankWeights_t *weights, mokBf16 *out, cudaStream_t stream);
+
+/* Collective. Backward of the last forward (same input and weights; DEVICE pointers):
+ * writes every gradient of grads (weight gradients overwritten, in grad_dtype).
+ * [IN] d_out [T_r, H]  [OUT] grads */
+mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
+                             const mokRankWeights_t *weights, const mokBf16 *d_out,
+                             const mokRankGrads_t *grads, cudaStream_t stream);
+
+/* Device twin of mokGenerateBf16 (bit-identical values) on the current device.
+ * [OUT] dst: device memory [count]  [IN] stream */
+mokResult_t mokGenerateBf16Device(uint64_t seed, mokTensorKind_t kind, int64_t sub, int64_t first,
+                                  int64_t count, float scale, mokBf16 *dst, cudaStream_t stream);
+
 /* ---- bf16 helpers ------------------------------------------------------------- */
 /* Round to nearest even; NaN stays NaN. */
 mokBf16 mokFloatToBf16(float f);

@@ -118,16 +118,22 @@ mokResult_t mokLayerCreate(mokLayer_t *layer, const mokConfig_t *config) {
   MOK_CHECK(mok_config_validate(config, &c));
   struct mokLayer *l = calloc(1, sizeof *l);
   if (!l) return mok_error(NULL, mokOutOfMemory, "mokLayerCreate: out of host memory");
-  l->cfg = c;
-  l->local_experts = c.num_experts / c.num_ranks;
-  int64_t worst = (int64_t)c.num_ranks * c.max_tokens * c.topk + (int64_t)l->local_experts * (c.row_pad - 1);
-  l->sched_capacity = mok_round_up(worst, c.row_pad);
+  mok_layer_init_host(l, &c);
   *layer = l;
   return mokSuccess;
 }
 
+void mok_layer_init_host(struct mokLayer *l, const mokConfig_t *c) {
+  l->cfg = *c;
+  l->local_experts = c->num_experts / c->num_ranks;
+  int64_t worst = (int64_t)c->num_ranks * c->max_tokens * c->topk + (int64_t)l->local_experts * (c->row_pad - 1);
+  l->sched_capacity = mok_round_up(worst, c->row_pad);
+}
+
 mokResult_t mokLayerDestroy(mokLayer_t layer) {
   mok_clear_error();
+  if (!layer) return mokSuccess;
+  mok_gpu_layer_free(layer);
   free(layer);
   return mokSuccess;
 }

@@ -166,6 +166,14 @@ static mokResult_t sym_alloc(mokComm_t c, const char *fn, size_t total, void **p
   // memory (through the window) before it is zeroed here.
   C_CUDA(cudaMemsetAsync(p, 0, total, c->side));
   C_CUDA(cudaStreamSynchronize(c->side));
+  if (c->nranks == 1) {
+    // NCCL has no symmetric windows on a one-rank communicator ("does not support
+    // symmetric memory"), and there are no peers to reach: the local buffer is all.
+    peers[0] = (char *)p;
+    *ptr_out = p;
+    *win_out = NULL;
+    return mokSuccess;
+  }
   C_NCCL(c->nccl, ncclCommWindowRegister(c->nccl, p, total, &win, NCCL_WIN_COLL_SYMMETRIC));
   k_peer_bases<<<1, MOK_COMM_MAX_RANKS, 0, c->side>>>(win, c->nranks, c->d_scratch);
   C_CUDA(cudaGetLastError());
@@ -368,7 +376,7 @@ static mokResult_t comm_create(mokComm_t *comm, ncclComm_t nccl, const mokCommCo
     a.version_major = MOK_VERSION_MAJOR;
     C_MOK(agree(c, fn, &a, sizeof a, "mokCommConfig_t"));
   }
-  {
+  if (nranks > 1) {  // one rank: no peers, and NCCL refuses symmetric memory there
     ncclDevCommRequirements reqs;
     memset(&reqs, 0, sizeof reqs);
     C_NCCL(nccl, ncclDevCommCreate(nccl, &reqs, &c->devcomm));

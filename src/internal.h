@@ -22,12 +22,21 @@ extern "C" {
 
 #define MOK_ERRMSG_LEN 512
 
+struct mok_gpu_layer;       /* device resources of a layer on a communicator (layer.cu) */
+
 struct mokLayer {
   mokConfig_t cfg;           /* validated, defaults filled in */
   int local_experts;         /* E_l = E / N */
   int64_t sched_capacity;    /* rows of the largest schedule */
+  mokComm_t comm;            /* NULL for a host-only layer (mokLayerCreate) */
+  struct mok_gpu_layer *gpu; /* NULL for a host-only layer */
   char last_error[MOK_ERRMSG_LEN];
 };
+
+/* Fills the host-side fields of a layer from a validated config (api.c). */
+void mok_layer_init_host(struct mokLayer *l, const mokConfig_t *validated);
+/* Frees the device resources of a layer (layer.cu); NULL-safe. */
+void mok_gpu_layer_free(struct mokLayer *l);
 
 /* Records the message (thread slot, and the layer's when non-NULL); returns status. */
 mokResult_t mok_error(struct mokLayer *layer, mokResult_t status, const char *fmt, ...)

@@ -394,11 +394,13 @@ done:
 /* ---- mok bench ------------------------------------------------------------------- */
 static int cmd_bench(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h")) {
-    printf("usage: mok bench gemm [options]   expert GEMMs beside cuBLAS (one GPU)\n"
+    printf("usage: mok bench layer [options]  the whole MoE layer on all local GPUs, checked in float64\n"
+           "       mok bench gemm [options]   expert GEMMs beside cuBLAS (one GPU)\n"
            "       mok bench comm [options]   NVLink push/pull bandwidth over the symmetric workspace\n"
            "  'mok bench KIND --help' lists each one's options.\n");
     return argc < 2 ? 2 : 0;
   }
+  if (!strcmp(argv[1], "layer")) return mok_bench_layer_main(argc - 1, argv + 1);
   if (!strcmp(argv[1], "gemm")) {
     if (!mok_bench_gemm_main) return fprintf(stderr, "mok bench gemm: not in this build\n"), 2;
     return mok_bench_gemm_main(argc - 1, argv + 1);
@@ -407,7 +409,7 @@ static int cmd_bench(int argc, char **argv) {
     if (!mok_bench_comm_main) return fprintf(stderr, "mok bench comm: not in this build\n"), 2;
     return mok_bench_comm_main(argc - 1, argv + 1);
   }
-  return usage_error("bench", "unknown benchmark '%s' (gemm or comm)", argv[1]);
+  return usage_error("bench", "unknown benchmark '%s' (layer, gemm or comm)", argv[1]);
 }
 
 int main(int argc, char **argv) {
@@ -416,7 +418,7 @@ int main(int argc, char **argv) {
            "  info    version, GPUs, NCCL, peer access\n"
            "  run     forward + backward of one MoE layer on generated data (default: the CPU\n"
            "          reference where no GPU implementation applies)\n"
-           "  bench   benchmarks: gemm, comm\n"
+           "  bench   benchmarks: layer, gemm, comm\n"
            "'mok <command> --help' describes each.\n");
     return argc < 2 ? 2 : 0;
   }

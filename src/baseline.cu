@@ -1,0 +1,880 @@
+/*
+ * baseline.cu — the layer on GPUs, conventional path (issue 4): NCCL all-to-all-v of
+ * token rows, cuBLAS expert GEMMs (one call per expert and matrix), and mok's small
+ * kernels for permutation, SwiGLU and combine. It is the comparator every benchmark
+ * prints beside the megakernel, the GPU cross-check for large shapes, and the path
+ * for ranks outside one NVLink domain.
+ *
+ * Forward on rank r (T tokens, k slots; "route" = (t, j) with topk_idx != -1):
+ *   1. host: copy topk_idx down (the one host wait), count routes per global expert,
+ *      give every route its send position: send rows are sorted by (expert, t, j), so
+ *      each destination rank's rows are contiguous and already in schedule order;
+ *   2. all-gather the per-expert counts (+ an error flag, so a rank with a bad id
+ *      stops every rank instead of leaving them in NCCL);
+ *   3. permute x rows into the send buffer; grouped ncclSend/ncclRecv;
+ *   4. gather the received rows into the padded expert-sorted layout of the shared
+ *      schedule (schedule.h): segment e holds source ranks in order, each in (t, j)
+ *      order — bitwise the CPU reference's row order;
+ *   5. per local expert: [G | U] = X W_gate^T, X W_up^T; a = SwiGLU; Y = a W_down^T;
+ *   6. scatter Y back to receive order, reverse all-to-all into send order (y_ret);
+ *   7. shared expert on the local tokens; out = bf16(shared + sum_j w_tj y_tj).
+ * Backward reuses the forward's counts, layout and saved context (X, [g|u], a, y_ret):
+ *   d_topk_w = <d_out, y_ret>; dY = bf16(w d_out) rows travel like x; per expert
+ *   dA = dY W_down (fp32), SwiGLU backward, dX = dG W_gate + dU W_up (fp32),
+ *   dW_down = dY^T a, dW_gate = dG^T X, dW_up = dU^T X; dX rows travel back;
+ *   d_x = bf16(shared + sum_j dx_tj).
+ *
+ * Row-major GEMMs on column-major cuBLAS: C[M,N] = op(A)[M,K] op(B)[K,N] is computed as
+ * C^T = op(B)^T op(A)^T, i.e. cublasGemmEx(opB, opA, N, M, K, B, A, C) — see gemm_rm.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <nccl.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "comm.h"
+#include "internal.h"
+
+#define NUM_GKINDS 9
+
+struct mok_gpu_layer {
+  int device;
+  cublasHandle_t cublas;   /* shared expert GEMMs and per-expert loops */
+  /* One handle per grouped expert GEMM kind: cuBLAS's grouped call prepares each new set
+   * of problem shapes on the host, and with one handle a forward + backward alternates
+   * nine sets, so every call paid that preparation (measured: qwen3.5 T=2048 forward
+   * GEMMs 2.7 ms alone, 10.7 ms between backwards). A handle per kind keeps its set. */
+  cublasHandle_t cublas_kind[NUM_GKINDS];
+  int64_t cap;           /* padded rows of the largest schedule */
+  int64_t routes_max;    /* T_max * k */
+  /* host, pinned */
+  int32_t *h_idx;        /* [T_max*k] */
+  int32_t *h_pos;        /* [T_max*k] send row of each route, -1 for an empty slot */
+  int32_t *h_cnt;        /* [E + 1] this rank's routes per global expert, then the error flag */
+  int32_t *h_cnt_all;    /* [N, E + 1] every rank's */
+  int32_t *h_map;        /* [cap] receive row of each padded row, -1 on padding */
+  /* device */
+  int32_t *d_cnt, *d_cnt_all, *d_pos, *d_map;
+  mokBf16 *send;         /* [T_max*k, H]: x rows, then dY rows; finally dX partials (send order) */
+  mokBf16 *recv;         /* [N*T_max*k, H] */
+  mokBf16 *xg;           /* [cap, H] gathered X (saved) */
+  float *gu32;           /* [cap, 2I] fp32 [g|u] when the clamp is on */
+  mokBf16 *gu;           /* [cap, 2I] saved [g|u] (bf16, +-inf where clamped) */
+  mokBf16 *act;          /* [cap, I] saved a */
+  mokBf16 *yp;           /* [cap, H] expert outputs, then dY (padded layout) */
+  mokBf16 *yret;         /* [T_max*k, H] saved y_tj in send order */
+  float *f32;            /* [cap, max(I, H)] dA, then dX */
+  mokBf16 *dgu;          /* [cap, 2I] [dG|dU] */
+  /* shared expert (T_max rows) */
+  float *s_gu32;         /* [T_max, 2 I_s] when the clamp is on */
+  mokBf16 *s_gu, *s_act, *s_y; /* [T_max, 2 I_s], [T_max, I_s], [T_max, H] */
+  float *s_f32;          /* [T_max, max(I_s, H)] */
+  mokBf16 *s_dgu;        /* [T_max, 2 I_s] */
+  /* grouped GEMM arguments: host arrays [E_l]; pointer arrays in SLOTS rotating slots
+   * (pinned host -> device), so a call never overwrites pointers a pending copy reads */
+  int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
+  float *galpha, *gbeta;
+  cublasOperation_t *gta, *gtb;
+  const void **h_ptrs, **d_ptrs; /* [SLOTS][3][E_l] */
+  int slot;
+  int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
+  unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
+  /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
+  int prof, nev;
+  cudaEvent_t ev[32];
+  const char *evname[32];
+  /* the last forward (host) */
+  int fwd_valid, fwd_tokens;
+  int64_t *send_cnt, *send_base, *recv_cnt, *recv_base; /* [N] rows */
+  int32_t *seg_cnt, *seg_off;                           /* [E_l], [E_l + 1] */
+};
+
+/* ---- kernels -------------------------------------------------------------------- */
+/* Rows are H bf16 = H/8 uint4 (H is a multiple of 64). One block per row slice. */
+__global__ void k_permute_rows(const uint4 *__restrict__ x, const int32_t *__restrict__ pos, int k, int64_t routes,
+                               int row_u4, uint4 *__restrict__ dst) {
+  for (int64_t q = blockIdx.x; q < routes; q += gridDim.x) {
+    int32_t p = pos[q];
+    if (p < 0) continue;
+    const uint4 *src = x + (q / k) * row_u4;
+    uint4 *d = dst + (int64_t)p * row_u4;
+    for (int i = threadIdx.x; i < row_u4; i += blockDim.x) d[i] = src[i];
+  }
+}
+
+/* dst[q] = src[map[q]] (zero where map[q] < 0), rows of row_u4 uint4. */
+__global__ void k_gather_rows(const uint4 *__restrict__ src, const int32_t *__restrict__ map, int64_t rows, int row_u4,
+                              uint4 *__restrict__ dst) {
+  for (int64_t q = blockIdx.x; q < rows; q += gridDim.x) {
+    int32_t m = map[q];
+    uint4 *d = dst + q * row_u4;
+    const uint4 *s = src + (int64_t)(m < 0 ? 0 : m) * row_u4;
+    for (int i = threadIdx.x; i < row_u4; i += blockDim.x) d[i] = m < 0 ? make_uint4(0, 0, 0, 0) : s[i];
+  }
+}
+
+/* dst[map[q]] = bf16(src[q]) for rows in use: padded layout back to receive order. */
+template <typename Tin>
+__global__ void k_scatter_rows(const Tin *__restrict__ src, const int32_t *__restrict__ map, int64_t rows, int H,
+                               uint16_t *__restrict__ dst) {
+  for (int64_t q = blockIdx.x; q < rows; q += gridDim.x) {
+    int32_t m = map[q];
+    if (m < 0) continue;
+    const Tin *s = src + q * H;
+    uint16_t *d = dst + (int64_t)m * H;
+    for (int i = threadIdx.x; i < H; i += blockDim.x) {
+      if constexpr (sizeof(Tin) == 4) d[i] = mok_f32_to_bf16((float)s[i]);
+      else d[i] = (uint16_t)s[i];
+    }
+  }
+}
+
+__device__ __forceinline__ float ldf(const float *p) { return *p; }
+__device__ __forceinline__ float ldf(const uint16_t *p) { return mok_bf16_to_f32(*p); }
+
+/* a = bf16(silu(g) * u) with the optional clamp; saves [g|u] as bf16, +-inf where cut
+ * (the backward's clamp mask is then exactly the forward's; see mok.h). With bf16
+ * input and no clamp the input already is the saved context (save == NULL). */
+template <typename Tin>
+__global__ void k_swiglu_fwd(const Tin *__restrict__ gu, int64_t rows, int I, float L, uint16_t *__restrict__ act,
+                             uint16_t *__restrict__ save) {
+  int64_t n = rows * I;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / I;
+    int c = (int)(e % I);
+    float g = ldf(gu + r * 2 * I + c), u = ldf(gu + r * 2 * I + I + c);
+    float gs = g, us = u;
+    if (L > 0.f) {
+      if (g > L) gs = INFINITY, g = L;
+      if (u > L) us = INFINITY, u = L;
+      if (u < -L) us = -INFINITY, u = -L;
+    }
+    act[e] = mok_f32_to_bf16(g / (1.f + __expf(-g)) * u);
+    if (save) {
+      save[r * 2 * I + c] = mok_f32_to_bf16(gs);
+      save[r * 2 * I + I + c] = mok_f32_to_bf16(us);
+    }
+  }
+}
+
+/* [dG|dU] = SwiGLU backward of da with the saved [g|u]. */
+__global__ void k_swiglu_bwd(const float *__restrict__ da, const uint16_t *__restrict__ gu, int64_t rows, int I,
+                             float L, uint16_t *__restrict__ dgu) {
+  int64_t n = rows * I;
+  for (int64_t e = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; e < n; e += (int64_t)gridDim.x * blockDim.x) {
+    int64_t r = e / I;
+    int c = (int)(e % I);
+    float g = mok_bf16_to_f32(gu[r * 2 * I + c]), u = mok_bf16_to_f32(gu[r * 2 * I + I + c]);
+    float gm = 1.f, um = 1.f;
+    if (isinf(g)) g = L, gm = 0.f;
+    if (isinf(u)) u = u > 0 ? L : -L, um = 0.f;
+    float s = 1.f / (1.f + __expf(-g)), d = da[e];
+    dgu[r * 2 * I + c] = mok_f32_to_bf16(gm * d * u * s * (1.f + g * (1.f - s)));
+    dgu[r * 2 * I + I + c] = mok_f32_to_bf16(um * d * g * s);
+  }
+}
+
+/* out[t] = bf16(base[t] + sum_j w[t,j] * rows[pos[t,j]]), fp32, fixed order j = 0..k-1.
+ * base: bf16 (forward: shared y) or fp32 (backward: shared dX) or NULL; w NULL = 1. */
+template <typename Tb>
+__global__ void k_combine(const Tb *__restrict__ base, const uint16_t *__restrict__ rows, const int32_t *__restrict__ pos,
+                          const float *__restrict__ w, int T, int k, int H, uint16_t *__restrict__ out) {
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
+    for (int h = threadIdx.x; h < H; h += blockDim.x) {
+      float acc = base ? ldf(base + t * H + h) : 0.f;
+      for (int j = 0; j < k; j++) {
+        int32_t p = pos[t * k + j];
+        if (p < 0) continue;
+        float v = mok_bf16_to_f32(rows[(int64_t)p * H + h]);
+        acc += w ? w[t * k + j] * v : v;
+      }
+      out[t * H + h] = mok_f32_to_bf16(acc);
+    }
+}
+
+/* d_topk_w[q] = <d_out[t], y_ret[pos[q]]>: one warp per route, fixed reduction order. */
+__global__ void k_dtopk(const uint16_t *__restrict__ dout, const uint16_t *__restrict__ yret,
+                        const int32_t *__restrict__ pos, int64_t routes, int k, int H, float *__restrict__ dw) {
+  int lane = threadIdx.x & 31;
+  for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
+       q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+    int32_t p = pos[q];
+    float s = 0.f;
+    if (p >= 0)
+      for (int h = lane; h < H; h += 32)
+        s += mok_bf16_to_f32(dout[(q / k) * H + h]) * mok_bf16_to_f32(yret[(int64_t)p * H + h]);
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) dw[q] = s;
+  }
+}
+
+/* send[pos[q]] = bf16(w[q] * d_out[t]). */
+__global__ void k_dy_rows(const uint16_t *__restrict__ dout, const float *__restrict__ w, const int32_t *__restrict__ pos,
+                          int64_t routes, int k, int H, uint16_t *__restrict__ dst) {
+  for (int64_t q = blockIdx.x; q < routes; q += gridDim.x) {
+    int32_t p = pos[q];
+    if (p < 0) continue;
+    float wt = w[q];
+    for (int h = threadIdx.x; h < H; h += blockDim.x)
+      dst[(int64_t)p * H + h] = mok_f32_to_bf16(wt * mok_bf16_to_f32(dout[(q / k) * H + h]));
+  }
+}
+
+/* ---- helpers ---------------------------------------------------------------------- */
+static unsigned grid_for(int64_t n, int64_t per_block) {
+  int64_t b = (n + per_block - 1) / per_block;
+  return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
+}
+
+#define CUBLAS_CHECK(l, call)                                                                         \
+  do {                                                                                                \
+    cublasStatus_t s_ = (call);                                                                       \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+      return mok_error((l), mokCudaError, "%s:%d: %s failed: cuBLAS status %d", __FILE__, __LINE__, #call, \
+                       (int)s_);                                                                      \
+  } while (0)
+
+/* Row-major C[M,N] = op(A)[M,K] op(B)[K,N] (+ beta C); ta/tb: the operand is stored
+ * transposed (A as [K,M], B as [N,K]). fp32 accumulation. */
+static cublasStatus_t gemm_rm(cublasHandle_t h, int ta, int tb, int M, int N, int K, const void *A, cudaDataType at,
+                              int lda, const void *B, cudaDataType bt, int ldb, void *C, cudaDataType ct, int ldc,
+                              float beta) {
+  const float one = 1.f;
+  return cublasGemmEx(h, tb ? CUBLAS_OP_T : CUBLAS_OP_N, ta ? CUBLAS_OP_T : CUBLAS_OP_N, N, M, K, &one, B, bt, ldb, A,
+                      at, lda, &beta, C, ct, ldc, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+}
+#define BF CUDA_R_16BF
+#define F32 CUDA_R_32F
+#define SLOTS 32
+
+/* One grouped GEMM over the experts e with m[e] > 0 (count of them: n_groups), row-major
+ * like gemm_rm; A/B/C: the per-expert operand pointers. One cuBLAS call when the grouped
+ * API takes these types, else one GEMM per expert. */
+static mokResult_t grouped_rm(mokLayer_t l, int kind, int ta, int tb, int n_groups, const void **A, cudaDataType at,
+                              const void **B, cudaDataType bt, void **C, cudaDataType ct, float beta,
+                              cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  if (!n_groups) return mokSuccess;
+  if (g->grouped_ok) {
+    cublasHandle_t h = g->cublas_kind[kind];
+    if (!h) {
+      if (cublasCreate(&g->cublas_kind[kind]) != CUBLAS_STATUS_SUCCESS)
+        return mok_error(l, mokCudaError, "cublasCreate failed");
+      h = g->cublas_kind[kind];
+    }
+    if (cublasSetStream(h, st) != CUBLAS_STATUS_SUCCESS) return mok_error(l, mokCudaError, "cublasSetStream failed");
+    const int El = l->local_experts;
+    const void **hp = g->h_ptrs + (size_t)g->slot * 3 * El, **dp = g->d_ptrs + (size_t)g->slot * 3 * El;
+    g->slot = (g->slot + 1) % SLOTS;
+    /* column-major view: C^T = op(B)^T op(A)^T, so B goes first */
+    for (int q = 0; q < n_groups; q++) {
+      hp[q] = B[q], hp[El + q] = A[q], hp[2 * El + q] = C[q];
+      g->gta[q] = tb ? CUBLAS_OP_T : CUBLAS_OP_N, g->gtb[q] = ta ? CUBLAS_OP_T : CUBLAS_OP_N;
+      g->galpha[q] = 1.f, g->gbeta[q] = beta, g->gsize[q] = 1;
+    }
+    CUDA_CHECK(l, cudaMemcpyAsync(dp, hp, sizeof(void *) * 3 * El, cudaMemcpyHostToDevice, st));
+    cublasStatus_t s = cublasGemmGroupedBatchedEx(h, g->gta, g->gtb, g->gn, g->gm, g->gk, g->galpha, dp, bt,
+                                                  g->gldb, dp + El, at, g->glda, g->gbeta, (void *const *)(dp + 2 * El),
+                                                  ct, g->gldc, n_groups, g->gsize, CUBLAS_COMPUTE_32F);
+    if (s == CUBLAS_STATUS_SUCCESS) return mokSuccess;
+    if (s != CUBLAS_STATUS_NOT_SUPPORTED && s != CUBLAS_STATUS_INVALID_VALUE)
+      return mok_error(l, mokCudaError, "cublasGemmGroupedBatchedEx failed: cuBLAS status %d", (int)s);
+    g->grouped_ok = 0; /* this cuBLAS does not take these types: per-expert GEMMs from now on */
+  }
+  for (int q = 0; q < n_groups; q++) {
+    cublasStatus_t s = gemm_rm(g->cublas, ta, tb, g->gm[q], g->gn[q], g->gk[q], A[q], at, g->glda[q], B[q], bt,
+                               g->gldb[q], C[q], ct, g->gldc[q], beta);
+    if (s != CUBLAS_STATUS_SUCCESS) return mok_error(l, mokCudaError, "cublasGemmEx failed: cuBLAS status %d", (int)s);
+  }
+  return mokSuccess;
+}
+
+/* Fills the shape arrays of group q. */
+static inline void gset(struct mok_gpu_layer *g, int q, int M, int N, int K, int lda, int ldb, int ldc) {
+  g->gm[q] = M, g->gn[q] = N, g->gk[q] = K, g->glda[q] = lda, g->gldb[q] = ldb, g->gldc[q] = ldc;
+}
+
+/* Grouped ncclSend/ncclRecv of rows (row_bytes each): all-to-all-v. */
+static mokResult_t all_to_all_rows(mokLayer_t l, ncclComm_t nc, const void *send, const int64_t *scnt,
+                                   const int64_t *sbase, void *recv, const int64_t *rcnt, const int64_t *rbase,
+                                   size_t row_bytes, cudaStream_t st) {
+  int N = l->cfg.num_ranks;
+  NCCL_CHECK(l, ncclGroupStart());
+  for (int p = 0; p < N; p++) {
+    if (scnt[p]) {
+      ncclResult_t r = ncclSend((const char *)send + sbase[p] * row_bytes, scnt[p] * row_bytes, ncclUint8, p, nc, st);
+      if (r != ncclSuccess) { ncclGroupEnd(); return mok_error(l, mokNcclError, "ncclSend failed: %s", ncclGetErrorString(r)); }
+    }
+    if (rcnt[p]) {
+      ncclResult_t r = ncclRecv((char *)recv + rbase[p] * row_bytes, rcnt[p] * row_bytes, ncclUint8, p, nc, st);
+      if (r != ncclSuccess) { ncclGroupEnd(); return mok_error(l, mokNcclError, "ncclRecv failed: %s", ncclGetErrorString(r)); }
+    }
+  }
+  NCCL_CHECK(l, ncclGroupEnd());
+  return mokSuccess;
+}
+
+/* Phase marks for MOK_BASELINE_PROFILE (printing only when that variable asks). */
+static void prof_mark(struct mok_gpu_layer *g, const char *name, cudaStream_t st) {
+  if (!g->prof || g->nev >= 32) return;
+  if (!g->ev[g->nev]) cudaEventCreate(&g->ev[g->nev]);
+  cudaEventRecord(g->ev[g->nev], st);
+  g->evname[g->nev++] = name;
+}
+static void prof_report(struct mok_gpu_layer *g, const char *pass, int rank) {
+  if (!g->prof || g->nev < 2) { g->nev = 0; return; }
+  cudaEventSynchronize(g->ev[g->nev - 1]);
+  char line[1024];
+  int n = snprintf(line, sizeof line, "mok baseline %s rank %d:", pass, rank);
+  for (int i = 1; i < g->nev && n < (int)sizeof line - 40; i++) {
+    float ms = 0;
+    cudaEventElapsedTime(&ms, g->ev[i - 1], g->ev[i]);
+    n += snprintf(line + n, sizeof line - (size_t)n, " %s %.3f", g->evname[i], ms);
+  }
+  fprintf(stderr, "%s\n", line);
+  g->nev = 0;
+}
+
+/* The expert GEMMs of a pass, each one grouped call over the experts with rows.
+ * Row-major shapes (m = the expert's rows, X/dY [m,H], A [m,I], [g|u] and [dG|dU] [m,2I]):
+ *   GATE/UP  [g|u] half [m,I] = X W^T        DOWN  Y [m,H] = A W_down^T
+ *   DA       dA [m,I] = dY W_down (fp32)     DXG/DXU  dX [m,H] (+)= dG W_gate, dU W_up (fp32)
+ *   DWD      dW_down [H,I] = dY^T A          DWG/DWU  dW [I,H] = dG^T X, dU^T X */
+enum gkind { G_GATE, G_UP, G_DOWN, G_DA, G_DXG, G_DXU, G_DWD, G_DWG, G_DWU };
+
+static mokResult_t expert_gemm(mokLayer_t l, enum gkind kind, const mokRankWeights_t *w, const mokRankGrads_t *gr,
+                               cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts, H = l->cfg.hidden, I = l->cfg.inter;
+  const int clamp = l->cfg.swiglu_limit > 0;
+  const size_t gs = l->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4;
+  const cudaDataType gt = l->cfg.grad_dtype == mokDtypeBF16 ? BF : F32;
+  const void **A = (const void **)malloc(sizeof(void *) * 3 * (size_t)El);
+  if (!A) return mok_error(l, mokOutOfMemory, "out of host memory");
+  const void **B = A + El;
+  void **C = (void **)(A + 2 * El);
+  int n = 0, ta = 0, tb = 0;
+  cudaDataType at = BF, bt = BF, ct = BF;
+  float beta = 0.f;
+  for (int e = 0; e < El; e++) {
+    int m = g->seg_cnt[e];
+    if (!m) continue;
+    int64_t r0 = g->seg_off[e];
+    const size_t ew = (size_t)e * I * H;
+    switch (kind) {
+      case G_GATE: case G_UP:
+        tb = 1, ct = clamp ? F32 : BF;
+        A[n] = g->xg + r0 * H, B[n] = (kind == G_GATE ? w->w_gate : w->w_up) + ew;
+        C[n] = clamp ? (void *)(g->gu32 + r0 * 2 * I + (kind == G_UP) * I) : (void *)(g->gu + r0 * 2 * I + (kind == G_UP) * I);
+        gset(g, n, m, I, H, H, H, 2 * I);
+        break;
+      case G_DOWN:
+        tb = 1;
+        A[n] = g->act + r0 * I, B[n] = w->w_down + ew, C[n] = g->yp + r0 * H;
+        gset(g, n, m, H, I, I, I, H);
+        break;
+      case G_DA:
+        ct = F32;
+        A[n] = g->yp + r0 * H, B[n] = w->w_down + ew, C[n] = g->f32 + r0 * I;
+        gset(g, n, m, I, H, H, I, I);
+        break;
+      case G_DXG: case G_DXU:
+        ct = F32, beta = kind == G_DXU ? 1.f : 0.f;
+        A[n] = g->dgu + r0 * 2 * I + (kind == G_DXU) * I, B[n] = (kind == G_DXG ? w->w_gate : w->w_up) + ew;
+        C[n] = g->f32 + r0 * H;
+        gset(g, n, m, H, I, 2 * I, H, H);
+        break;
+      case G_DWD:
+        ta = 1, ct = gt;
+        A[n] = g->yp + r0 * H, B[n] = g->act + r0 * I, C[n] = (char *)gr->d_w_down + gs * ew;
+        gset(g, n, H, I, m, H, I, I);
+        break;
+      case G_DWG: case G_DWU:
+        ta = 1, ct = gt;
+        A[n] = g->dgu + r0 * 2 * I + (kind == G_DWU) * I, B[n] = g->xg + r0 * H;
+        C[n] = (char *)(kind == G_DWG ? gr->d_w_gate : gr->d_w_up) + gs * ew;
+        gset(g, n, I, H, m, 2 * I, H, H);
+        break;
+    }
+    n++;
+  }
+  /* One grouped call or a call per expert? Measured on 2x H200 (docs/PERF.md, baseline
+   * section): the grouped call wins where experts have few rows (launch-bound loop:
+   * qwen3.5 at 80 rows/expert, 13.3 -> 4.4 ms forward) and loses badly on the forward
+   * GEMMs at 512 rows/expert (glm-5.2 15.7 -> 24.9 ms); the backward GEMMs time the same
+   * either way. So: forward kinds grouped below 128 rows per expert, backward always.
+   * MOK_BASELINE_GROUPED (bit = enum gkind) overrides, for measurements. */
+  int use_grouped;
+  if (g->grouped_mask != ~0u) {
+    use_grouped = (g->grouped_mask >> kind) & 1u;
+  } else if (kind == G_GATE || kind == G_UP || kind == G_DOWN) {
+    int64_t total = 0;
+    for (int e = 0; e < El; e++) total += g->seg_cnt[e];
+    use_grouped = n > 0 && total < (int64_t)128 * n;
+  } else {
+    use_grouped = 1;
+  }
+  int saved = g->grouped_ok;
+  if (!use_grouped) g->grouped_ok = 0;
+  mokResult_t rc = grouped_rm(l, (int)kind, ta, tb, n, A, at, B, bt, C, ct, beta, st);
+  if (!use_grouped) g->grouped_ok = saved;
+  free(A);
+  return rc;
+}
+
+/* ---- create / free ------------------------------------------------------------------ */
+void mok_gpu_layer_free(struct mokLayer *l) {
+  struct mok_gpu_layer *g = l->gpu;
+  if (!g) return;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  cudaDeviceSynchronize();
+  void *dev[] = {g->d_cnt, g->d_cnt_all, g->d_pos, g->d_map, g->send, g->recv, g->xg, g->gu32, g->gu, g->act,
+                 g->yp, g->yret, g->f32, g->dgu, g->s_gu32, g->s_gu, g->s_act, g->s_y, g->s_f32, g->s_dgu};
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
+  void *pinned[] = {g->h_idx, g->h_pos, g->h_cnt, g->h_cnt_all, g->h_map};
+  for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) cudaFreeHost(pinned[i]);
+  if (g->cublas) cublasDestroy(g->cublas);
+  for (int i = 0; i < NUM_GKINDS; i++)
+    if (g->cublas_kind[i]) cublasDestroy(g->cublas_kind[i]);
+  for (int i = 0; i < 32; i++)
+    if (g->ev[i]) cudaEventDestroy(g->ev[i]);
+  free(g->send_cnt); free(g->seg_cnt);
+  free(g->gm); free(g->galpha); free(g->gta);
+  cudaFreeHost(g->h_ptrs);
+  cudaFree(g->d_ptrs);
+  free(g);
+  l->gpu = NULL;
+  if (prev >= 0) cudaSetDevice(prev);
+}
+
+static mokResult_t gpu_alloc(mokLayer_t l) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int64_t N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
+  const int64_t Is = c->shared_inter, T = c->max_tokens, k = c->topk, cap = l->sched_capacity;
+  const int clamp = c->swiglu_limit > 0;
+  g->cap = cap;
+  g->routes_max = T * k;
+  size_t wide = (size_t)(I > H ? I : H), swide = (size_t)(Is > H ? Is : H);
+  struct { void **p; size_t bytes; } dev[] = {
+      {(void **)&g->d_cnt, 4 * (size_t)(E + 1)}, {(void **)&g->d_cnt_all, 4 * (size_t)(N * (E + 1))},
+      {(void **)&g->d_pos, 4 * (size_t)(T * k)}, {(void **)&g->d_map, 4 * (size_t)cap},
+      {(void **)&g->send, 2 * (size_t)(T * k * H)}, {(void **)&g->recv, 2 * (size_t)(N * T * k * H)},
+      {(void **)&g->xg, 2 * (size_t)(cap * H)}, {(void **)&g->gu32, clamp ? 4 * (size_t)(cap * 2 * I) : 0},
+      {(void **)&g->gu, 2 * (size_t)(cap * 2 * I)}, {(void **)&g->act, 2 * (size_t)(cap * I)},
+      {(void **)&g->yp, 2 * (size_t)(cap * H)}, {(void **)&g->yret, 2 * (size_t)(T * k * H)},
+      {(void **)&g->f32, 4 * (size_t)cap * wide}, {(void **)&g->dgu, 2 * (size_t)(cap * 2 * I)},
+      {(void **)&g->s_gu32, Is && clamp ? 4 * (size_t)(T * 2 * Is) : 0}, {(void **)&g->s_gu, 2 * (size_t)(T * 2 * Is)},
+      {(void **)&g->s_act, 2 * (size_t)(T * Is)}, {(void **)&g->s_y, Is ? 2 * (size_t)(T * H) : 0},
+      {(void **)&g->s_f32, Is ? 4 * (size_t)T * swide : 0}, {(void **)&g->s_dgu, 2 * (size_t)(T * 2 * Is)}};
+  size_t total = 0;
+  for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
+    if (!dev[i].bytes) continue;
+    cudaError_t e = cudaMalloc(dev[i].p, dev[i].bytes);
+    if (e != cudaSuccess) {
+      cudaGetLastError();
+      return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: cannot allocate %.2f GiB of device workspace "
+                       "(%.2f GiB allocated so far) for max_tokens %lld: %s", dev[i].bytes / 1073741824.0,
+                       total / 1073741824.0, (long long)T, cudaGetErrorString(e));
+    }
+    total += dev[i].bytes;
+  }
+  struct { void **p; size_t bytes; } host[] = {
+      {(void **)&g->h_idx, 4 * (size_t)(T * k + 1)}, {(void **)&g->h_pos, 4 * (size_t)(T * k + 1)},
+      {(void **)&g->h_cnt, 4 * (size_t)(E + 1)}, {(void **)&g->h_cnt_all, 4 * (size_t)(N * (E + 1))},
+      {(void **)&g->h_map, 4 * (size_t)cap}};
+  for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
+    if (cudaMallocHost(host[i].p, host[i].bytes) != cudaSuccess) {
+      cudaGetLastError();
+      return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: cannot allocate pinned host memory");
+    }
+  g->send_cnt = (int64_t *)calloc((size_t)(4 * N), sizeof(int64_t));
+  g->seg_cnt = (int32_t *)calloc((size_t)(2 * El + 1), sizeof(int32_t));
+  if (!g->send_cnt || !g->seg_cnt) return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of host memory");
+  g->send_base = g->send_cnt + N, g->recv_cnt = g->send_cnt + 2 * N, g->recv_base = g->send_cnt + 3 * N;
+  g->seg_off = g->seg_cnt + El;
+  g->gm = (int *)calloc((size_t)(7 * El), sizeof(int));
+  g->galpha = (float *)calloc((size_t)(2 * El), sizeof(float));
+  g->gta = (cublasOperation_t *)calloc((size_t)(2 * El), sizeof(cublasOperation_t));
+  if (!g->gm || !g->galpha || !g->gta) return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of host memory");
+  g->gn = g->gm + El, g->gk = g->gm + 2 * El, g->glda = g->gm + 3 * El, g->gldb = g->gm + 4 * El;
+  g->gldc = g->gm + 5 * El, g->gsize = g->gm + 6 * El, g->gbeta = g->galpha + El, g->gtb = g->gta + El;
+  if (cudaMallocHost((void **)&g->h_ptrs, sizeof(void *) * SLOTS * 3 * (size_t)El) != cudaSuccess ||
+      cudaMalloc((void **)&g->d_ptrs, sizeof(void *) * SLOTS * 3 * (size_t)El) != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: cannot allocate GEMM pointer arrays");
+  }
+  g->grouped_ok = 1;
+  /* Which expert GEMM kinds (bit = enum gkind) use one grouped cuBLAS call instead of a
+   * call per expert; unset = the measured rule in expert_gemm. */
+  const char *mask = getenv("MOK_BASELINE_GROUPED");
+  g->grouped_mask = mask ? (unsigned)strtoul(mask, NULL, 0) & 0x1ffu : ~0u;
+  g->prof = getenv("MOK_BASELINE_PROFILE") != NULL;
+  CUBLAS_CHECK(l, cublasCreate(&g->cublas));
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, mokComm_t comm) {
+  static const char fn[] = "mokLayerCreateOnComm";
+  mok_clear_error();
+  if (!layer) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
+  mokConfig_t c;
+  mokResult_t vr = mok_config_validate(config, &c);
+  /* Every rank takes part in the agreement check, valid config or not, so a rank with a
+   * bad config does not leave the others waiting inside NCCL. */
+  mokConfig_t blob;
+  memset(&blob, 0, sizeof blob);
+  if (vr == mokSuccess) {
+    blob.size = c.size, blob.magic = c.magic, blob.version = c.version;
+    blob.num_experts = c.num_experts, blob.hidden = c.hidden, blob.inter = c.inter, blob.topk = c.topk;
+    blob.shared_inter = c.shared_inter, blob.num_ranks = c.num_ranks, blob.max_tokens = c.max_tokens;
+    blob.grad_dtype = c.grad_dtype, blob.swiglu_limit = c.swiglu_limit, blob.row_pad = c.row_pad;
+  }
+  char vmsg[MOK_ERRMSG_LEN];
+  snprintf(vmsg, sizeof vmsg, "%s", mokGetLastError());
+  mokResult_t ar = mokCommCheckAgreement(comm, &blob, sizeof blob, "layer config");
+  if (vr != mokSuccess) return mok_error(NULL, vr, "%s: %s", fn, vmsg);
+  if (ar != mokSuccess) return mok_error(NULL, ar, "%s: %s", fn, mokGetLastError());
+  int rank = 0, nranks = 0, device = 0;
+  MOK_CHECK(mokCommRankInfo(comm, &rank, &nranks, &device));
+  if (c.num_ranks != nranks)
+    return mok_error(NULL, mokInvalidArgument, "%s: config.num_ranks is %d but the communicator has %d ranks", fn,
+                     c.num_ranks, nranks);
+  struct mokLayer *l = (struct mokLayer *)calloc(1, sizeof *l);
+  if (!l) return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
+  mok_layer_init_host(l, &c);
+  l->comm = comm;
+  l->gpu = (struct mok_gpu_layer *)calloc(1, sizeof(struct mok_gpu_layer));
+  if (!l->gpu) { free(l); return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn); }
+  l->gpu->device = device;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(device);
+  mokResult_t rc = gpu_alloc(l);
+  if (prev >= 0) cudaSetDevice(prev);
+  if (rc != mokSuccess) {
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    mok_gpu_layer_free(l);
+    free(l);
+    return mok_error(NULL, rc, "%s", msg);
+  }
+  *layer = l;
+  return mokSuccess;
+}
+
+/* ---- validation of a pass ------------------------------------------------------------ */
+static mokResult_t check_dev_ptr(mokLayer_t l, const char *fn, const void *p, const char *name, int need) {
+  if (!need) return mokSuccess;
+  if (!p) return mok_error(l, mokInvalidArgument, "%s: %s is NULL", fn, name);
+  cudaPointerAttributes a;
+  if (cudaPointerGetAttributes(&a, p) != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokInvalidArgument, "%s: %s is not a CUDA pointer", fn, name);
+  }
+  if (a.type != cudaMemoryTypeDevice && a.type != cudaMemoryTypeManaged)
+    return mok_error(l, mokInvalidArgument, "%s: %s is host memory; the GPU layer takes device pointers", fn, name);
+  if (a.type == cudaMemoryTypeDevice && a.device != l->gpu->device)
+    return mok_error(l, mokInvalidArgument, "%s: %s is on device %d, the layer's communicator on device %d", fn, name,
+                     a.device, l->gpu->device);
+  return mokSuccess;
+}
+
+static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, const mokRankInput_t *in,
+                              const mokRankWeights_t *w) {
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only); "
+                                "use mokLayerCreateOnComm for GPU passes", fn);
+  if (impl != mokImplAuto && impl != mokImplBaseline)
+    return mok_error(l, mokInvalidArgument, "%s: impl %d is not built (mokImplAuto, mokImplBaseline)", fn, (int)impl);
+  if (!in) return mok_error(l, mokInvalidArgument, "%s: input is NULL", fn);
+  if (!w) return mok_error(l, mokInvalidArgument, "%s: weights is NULL", fn);
+  const mokConfig_t *c = &l->cfg;
+  if (in->num_tokens < 0 || in->num_tokens > c->max_tokens)
+    return mok_error(l, mokInvalidArgument, "%s: input->num_tokens is %d, it must be in [0, max_tokens=%d]", fn,
+                     in->num_tokens, c->max_tokens);
+  int T = in->num_tokens, Is = c->shared_inter;
+  MOK_CHECK(check_dev_ptr(l, fn, in->x, "input->x", T > 0));
+  MOK_CHECK(check_dev_ptr(l, fn, in->topk_idx, "input->topk_idx", T > 0));
+  MOK_CHECK(check_dev_ptr(l, fn, in->topk_w, "input->topk_w", T > 0));
+  MOK_CHECK(check_dev_ptr(l, fn, w->w_gate, "weights->w_gate", 1));
+  MOK_CHECK(check_dev_ptr(l, fn, w->w_up, "weights->w_up", 1));
+  MOK_CHECK(check_dev_ptr(l, fn, w->w_down, "weights->w_down", 1));
+  MOK_CHECK(check_dev_ptr(l, fn, w->s_gate, "weights->s_gate", Is > 0));
+  MOK_CHECK(check_dev_ptr(l, fn, w->s_up, "weights->s_up", Is > 0));
+  MOK_CHECK(check_dev_ptr(l, fn, w->s_down, "weights->s_down", Is > 0));
+  return mokSuccess;
+}
+
+/* ---- forward ------------------------------------------------------------------------- */
+static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                    cudaStream_t st) {
+  static const char fn[] = "mokLayerForward";
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
+  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, P = c->row_pad;
+  const int64_t routes = (int64_t)T * k;
+  const float L = c->swiglu_limit;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  ncclComm_t nc;
+  MOK_CHECK(mokCommGetNccl(l->comm, &nc));
+  g->fwd_valid = 0;
+
+  prof_mark(g, "start", st);
+  /* 1. routing to the host (the baseline's one wait), counts and send positions */
+  if (routes) CUDA_CHECK(l, cudaMemcpyAsync(g->h_idx, in->topk_idx, 4 * routes, cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  memset(g->h_cnt, 0, sizeof(int32_t) * (E + 1));
+  int64_t bad = -1;
+  for (int64_t q = 0; q < routes; q++) {
+    int32_t e = g->h_idx[q];
+    if (e < -1 || e >= E) { bad = q; break; }
+    if (e >= 0) g->h_cnt[e]++;
+  }
+  if (bad >= 0) g->h_cnt[E] = 1;
+  /* 2. every rank's counts (and error flag) */
+  CUDA_CHECK(l, cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * (size_t)(E + 1), cudaMemcpyHostToDevice, st));
+  NCCL_CHECK(l, ncclAllGather(g->d_cnt, g->d_cnt_all, (size_t)(E + 1), ncclInt32, nc, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * (E + 1), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  if (bad >= 0)
+    return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, %d) "
+                     "or -1; nothing was written", fn, rank, (long long)(bad / k), (long long)(bad % k),
+                     (int)g->h_idx[bad], E);
+  for (int s = 0; s < N; s++)
+    if (g->h_cnt_all[(int64_t)s * (E + 1) + E])
+      return mok_error(l, mokInvalidArgument, "%s: rank %d passed an invalid expert id in topk_idx; nothing was "
+                       "written", fn, s);
+  /* send order: sorted by global expert, then (t, j) */
+  int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
+  if (!cursor) return mok_error(l, mokOutOfMemory, "%s: out of host memory", fn);
+  cursor[0] = 0;
+  for (int e = 0; e < E; e++) cursor[e + 1] = cursor[e] + g->h_cnt[e];
+  for (int p = 0; p < N; p++) {
+    g->send_base[p] = cursor[p * El];
+    g->send_cnt[p] = cursor[(p + 1) * El] - cursor[p * El];
+  }
+  for (int64_t q = 0; q < routes; q++) {
+    int32_t e = g->h_idx[q];
+    g->h_pos[q] = e < 0 ? -1 : cursor[e]++;
+  }
+  free(cursor);
+  /* receive side: rows from s to my experts, and the padded schedule */
+  int64_t rb = 0;
+  for (int s = 0; s < N; s++) {
+    const int32_t *cs = g->h_cnt_all + (int64_t)s * (E + 1) + (int64_t)rank * El;
+    int64_t n = 0;
+    for (int e = 0; e < El; e++) n += cs[e];
+    g->recv_cnt[s] = n, g->recv_base[s] = rb, rb += n;
+  }
+  g->seg_off[0] = 0;
+  for (int e = 0; e < El; e++) {
+    int32_t n = 0;
+    for (int s = 0; s < N; s++) n += g->h_cnt_all[(int64_t)s * (E + 1) + (int64_t)rank * El + e];
+    g->seg_cnt[e] = n;
+    g->seg_off[e + 1] = g->seg_off[e] + (n + P - 1) / P * P;
+  }
+  const int64_t rows = g->seg_off[El];
+  for (int e = 0; e < El; e++) {
+    int64_t q = g->seg_off[e];
+    for (int s = 0; s < N; s++) {
+      const int32_t *cs = g->h_cnt_all + (int64_t)s * (E + 1) + (int64_t)rank * El;
+      int64_t src = g->recv_base[s];
+      for (int e2 = 0; e2 < e; e2++) src += cs[e2];
+      for (int32_t i = 0; i < cs[e]; i++) g->h_map[q++] = (int32_t)(src + i);
+    }
+    while (q < g->seg_off[e + 1]) g->h_map[q++] = -1;
+  }
+  if (routes) CUDA_CHECK(l, cudaMemcpyAsync(g->d_pos, g->h_pos, 4 * routes, cudaMemcpyHostToDevice, st));
+  if (rows) CUDA_CHECK(l, cudaMemcpyAsync(g->d_map, g->h_map, 4 * rows, cudaMemcpyHostToDevice, st));
+
+  prof_mark(g, "routing", st);
+  /* 3. dispatch */
+  const int row_u4 = H / 8;
+  if (routes) k_permute_rows<<<grid_for(routes, 1), 128, 0, st>>>((const uint4 *)in->x, g->d_pos, k, routes, row_u4,
+                                                                  (uint4 *)g->send);
+  prof_mark(g, "permute", st);
+  MOK_CHECK(all_to_all_rows(l, nc, g->send, g->send_cnt, g->send_base, g->recv, g->recv_cnt, g->recv_base,
+                            2 * (size_t)H, st));
+  prof_mark(g, "a2a", st);
+  /* 4. padded expert-sorted layout */
+  if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, row_u4,
+                                                             (uint4 *)g->xg);
+  prof_mark(g, "gather", st);
+  /* 5. experts */
+  cublasHandle_t cb = g->cublas;
+  CUBLAS_CHECK(l, cublasSetStream(cb, st));
+  MOK_CHECK(expert_gemm(l, G_GATE, w, NULL, st));
+  MOK_CHECK(expert_gemm(l, G_UP, w, NULL, st));
+  prof_mark(g, "gateup", st);
+  if (rows) {
+    if (L > 0)
+      k_swiglu_fwd<float><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu32, rows, I, L, g->act, g->gu);
+    else
+      k_swiglu_fwd<uint16_t><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu, rows, I, 0.f, g->act, NULL);
+  }
+  prof_mark(g, "swiglu", st);
+  MOK_CHECK(expert_gemm(l, G_DOWN, w, NULL, st));
+  prof_mark(g, "down", st);
+  /* 6. back to the source ranks, into send order */
+  if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(g->yp, g->d_map, rows, H, g->recv);
+  MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->yret, g->send_cnt, g->send_base,
+                            2 * (size_t)H, st));
+  prof_mark(g, "scatter+a2a", st);
+  /* 7. shared expert and combine */
+  if (Is && T) {
+    if (L > 0) {
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu32, F32, 2 * Is, 0.f));
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu32 + Is, F32, 2 * Is, 0.f));
+      k_swiglu_fwd<float><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu32, T, Is, L, g->s_act, g->s_gu);
+    } else {
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu, BF, 2 * Is, 0.f));
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu + Is, BF, 2 * Is, 0.f));
+      k_swiglu_fwd<uint16_t><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu, T, Is, 0.f, g->s_act, NULL);
+    }
+    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, H, Is, g->s_act, BF, Is, w->s_down, BF, Is, g->s_y, BF, H, 0.f));
+  }
+  if (T)
+    k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_y : NULL, g->yret, g->d_pos, in->topk_w, T, k, H,
+                                                        out);
+  CUDA_CHECK(l, cudaGetLastError());
+  prof_mark(g, "shared+combine", st);
+  prof_report(g, "fwd", rank);
+  g->fwd_valid = 1;
+  g->fwd_tokens = T;
+  return mokSuccess;
+}
+
+/* ---- backward ------------------------------------------------------------------------ */
+static mokResult_t zero_grad(mokLayer_t l, void *p, int64_t elems, cudaStream_t st) {
+  size_t es = l->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4;
+  CUDA_CHECK(l, cudaMemsetAsync(p, 0, es * (size_t)elems, st));
+  return mokSuccess;
+}
+
+static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, k = c->topk;
+  const int T = in->num_tokens;
+  const int64_t routes = (int64_t)T * k, rows = g->seg_off[El];
+  const float L = c->swiglu_limit;
+  const cudaDataType gt = c->grad_dtype == mokDtypeBF16 ? BF : F32;
+  const size_t gsz = c->grad_dtype == mokDtypeBF16 ? 2 : 4;
+  ncclComm_t nc;
+  MOK_CHECK(mokCommGetNccl(l->comm, &nc));
+  cublasHandle_t cb = g->cublas;
+  CUBLAS_CHECK(l, cublasSetStream(cb, st));
+
+  prof_mark(g, "start", st);
+  if (routes) {
+    k_dtopk<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, g->yret, g->d_pos, routes, k, H, gr->d_topk_w);
+    k_dy_rows<<<grid_for(routes, 1), 256, 0, st>>>(dout, in->topk_w, g->d_pos, routes, k, H, g->send);
+  }
+  MOK_CHECK(all_to_all_rows(l, nc, g->send, g->send_cnt, g->send_base, g->recv, g->recv_cnt, g->recv_base,
+                            2 * (size_t)H, st));
+  if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
+                                                             (uint4 *)g->yp);
+  prof_mark(g, "dtopk+dy+a2a+gather", st);
+  MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
+  prof_mark(g, "dA", st);
+  if (rows) k_swiglu_bwd<<<grid_for(rows * I, 256), 256, 0, st>>>(g->f32, g->gu, rows, I, L, g->dgu);
+  for (int e = 0; e < El; e++) { /* gradients are overwritten: an expert with no rows gets zeros */
+    if (g->seg_cnt[e]) continue;
+    MOK_CHECK(zero_grad(l, (char *)gr->d_w_gate + gsz * (size_t)e * I * H, (int64_t)I * H, st));
+    MOK_CHECK(zero_grad(l, (char *)gr->d_w_up + gsz * (size_t)e * I * H, (int64_t)I * H, st));
+    MOK_CHECK(zero_grad(l, (char *)gr->d_w_down + gsz * (size_t)e * H * I, (int64_t)H * I, st));
+  }
+  prof_mark(g, "swiglu'", st);
+  MOK_CHECK(expert_gemm(l, G_DXG, w, gr, st));
+  MOK_CHECK(expert_gemm(l, G_DXU, w, gr, st));
+  prof_mark(g, "dX", st);
+  MOK_CHECK(expert_gemm(l, G_DWD, w, gr, st));
+  prof_mark(g, "dWdown", st);
+  MOK_CHECK(expert_gemm(l, G_DWG, w, gr, st));
+  MOK_CHECK(expert_gemm(l, G_DWU, w, gr, st));
+  prof_mark(g, "dWgateup", st);
+  if (rows) k_scatter_rows<float><<<grid_for(rows, 1), 256, 0, st>>>(g->f32, g->d_map, rows, H, g->recv);
+  MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->send, g->send_cnt, g->send_base,
+                            2 * (size_t)H, st));
+  prof_mark(g, "scatter+a2a", st);
+  /* shared expert */
+  if (Is) {
+    if (T) {
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, Is, H, dout, BF, H, w->s_down, BF, Is, g->s_f32, F32, Is, 0.f));
+      k_swiglu_bwd<<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_f32, g->s_gu, T, Is, L, g->s_dgu);
+      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, H, Is, T, dout, BF, H, g->s_act, BF, Is, gr->d_s_down, gt, Is, 0.f));
+      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu, BF, 2 * Is, in->x, BF, H, gr->d_s_gate, gt, H, 0.f));
+      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu + Is, BF, 2 * Is, in->x, BF, H, gr->d_s_up, gt, H, 0.f));
+      /* s_f32 now holds the shared dX (dA was consumed by the SwiGLU backward) */
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu, BF, 2 * Is, w->s_gate, BF, H, g->s_f32, F32, H, 0.f));
+      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu + Is, BF, 2 * Is, w->s_up, BF, H, g->s_f32, F32, H, 1.f));
+    } else {
+      MOK_CHECK(zero_grad(l, gr->d_s_gate, (int64_t)Is * H, st));
+      MOK_CHECK(zero_grad(l, gr->d_s_up, (int64_t)Is * H, st));
+      MOK_CHECK(zero_grad(l, gr->d_s_down, (int64_t)H * Is, st));
+    }
+  }
+  if (T)
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, g->send, g->d_pos, NULL, T, k, H, gr->d_x);
+  prof_mark(g, "shared+combine", st);
+  {
+    int rank = 0;
+    mokCommRankInfo(l->comm, &rank, NULL, NULL);
+    prof_report(g, "bwd", rank);
+  }
+  CUDA_CHECK(l, cudaGetLastError());
+  return mokSuccess;
+}
+
+/* ---- public entry points ------------------------------------------------------------ */
+extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
+                                       const mokRankWeights_t *w, mokBf16 *out, cudaStream_t st) {
+  static const char fn[] = "mokLayerForward";
+  mok_clear_error();
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (l && l->gpu) cudaSetDevice(l->gpu->device);
+  mokResult_t rc = check_pass(l, fn, impl, in, w);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
+  if (rc == mokSuccess) rc = baseline_forward(l, in, w, out, st);
+  if (prev >= 0) cudaSetDevice(prev);
+  return rc;
+}
+
+extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
+                                        const mokRankWeights_t *w, const mokBf16 *d_out, const mokRankGrads_t *gr,
+                                        cudaStream_t st) {
+  static const char fn[] = "mokLayerBackward";
+  mok_clear_error();
+  int prev = -1;
+  cudaGetDevice(&prev);
+  if (l && l->gpu) cudaSetDevice(l->gpu->device);
+  mokResult_t rc = check_pass(l, fn, impl, in, w);
+  const int T = in ? in->num_tokens : 0, Is = l ? l->cfg.shared_inter : 0;
+  if (rc == mokSuccess && !gr) rc = mok_error(l, mokInvalidArgument, "%s: grads is NULL", fn);
+  if (rc == mokSuccess && (!l->gpu->fwd_valid || l->gpu->fwd_tokens != T))
+    rc = mok_error(l, mokInvalidUsage, "%s: no forward of these %d tokens precedes this backward (the layer keeps "
+                   "the context of its last forward)", fn, T);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, d_out, "d_out", T > 0);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_topk_w, "grads->d_topk_w", T > 0);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_gate, "grads->d_w_gate", 1);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_up, "grads->d_w_up", 1);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_down, "grads->d_w_down", 1);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_gate, "grads->d_s_gate", Is > 0);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_up, "grads->d_s_up", Is > 0);
+  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_down, "grads->d_s_down", Is > 0);
+  if (rc == mokSuccess) rc = baseline_backward(l, in, w, d_out, gr, st);
+  if (prev >= 0) cudaSetDevice(prev);
+  return rc;
+}

@@ -1,0 +1,288 @@
+/*
+ * test_layer_gpu.c — the layer on GPUs (mokLayerCreateOnComm / Forward / Backward)
+ * against the float64 CPU reference, on 1 and 2 GPUs, every awkward routing: random,
+ * duplicates and -1 slots, every route on one expert, empty experts with a rank of 0
+ * tokens, uneven tokens; clamp on and fp32 weight gradients in some. Tolerance: relative
+ * L2 < 1e-2 per tensor (DESIGN.md 2a). Also: a bad expert id on one rank fails every
+ * rank without writing; backward without forward and host pointers are refused.
+ */
+#include <cuda_runtime_api.h>
+#include <math.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mok.h"
+#include "test.h"
+#include "util.h"
+
+#define MAXR 2
+
+enum { RT_RANDOM, RT_DUP_EMPTY, RT_ONE_EXPERT, RT_EMPTY_EXPERTS, RT_UNEVEN };
+
+typedef struct {
+  mokConfig_t cfg;
+  int N, El, T[MAXR];
+  /* host */
+  mokRankInput_t in[MAXR];
+  mokRankWeights_t w[MAXR];
+  mokRankGrads_t ref[MAXR];
+  mokBf16 *ref_out[MAXR], *dout[MAXR];
+  /* device */
+  mokRankInput_t din[MAXR];
+  mokRankWeights_t dw[MAXR];
+  mokRankGrads_t dg[MAXR];
+  mokBf16 *dout_d[MAXR], *out_d[MAXR];
+  mokLayer_t layer[MAXR];
+  mokResult_t fwd_rc[MAXR], bwd_rc[MAXR];
+  mokImpl_t impl;
+} gpu_case;
+
+static size_t gsz(const gpu_case *c) { return c->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4; }
+
+static void *to_dev(const void *h, size_t bytes) {
+  void *d = NULL;
+  if (cudaMalloc(&d, bytes ? bytes : 16) != cudaSuccess) return NULL;
+  if (h && bytes) cudaMemcpy(d, h, bytes, cudaMemcpyHostToDevice);
+  return d;
+}
+
+static void set_routing(gpu_case *c, int rank, int mode, rng_t *r) {
+  int32_t *idx = (int32_t *)c->in[rank].topk_idx;
+  int k = c->cfg.topk, E = c->cfg.num_experts;
+  for (int q = 0; q < c->T[rank] * k; q++) {
+    switch (mode) {
+      case RT_DUP_EMPTY: idx[q] = rng_int(r, 5) == 0 ? -1 : (q % k == 1 && idx[q - 1] >= 0 ? idx[q - 1] : rng_int(r, E)); break;
+      case RT_ONE_EXPERT: idx[q] = E - 1; break;
+      case RT_EMPTY_EXPERTS: idx[q] = rng_int(r, 2) ? 0 : E - 1; break;
+      default: break; /* generated */
+    }
+  }
+}
+
+static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, uint64_t seed) {
+  memset(c, 0, sizeof *c);
+  mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
+  cfg.num_experts = 8, cfg.hidden = 256, cfg.inter = 128, cfg.topk = 4, cfg.shared_inter = mode == RT_ONE_EXPERT ? 0 : 128;
+  cfg.num_ranks = N, cfg.max_tokens = 96, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
+  c->cfg = cfg;
+  c->N = N, c->El = 8 / N;
+  mokLayer_t host;
+  if (mokLayerCreate(&host, &cfg) != mokSuccess) return 0;
+  rng_t r = {seed};
+  mokRouting_t uni = {mokRoutingUniform, 0};
+  const int H = cfg.hidden, I = cfg.inter, Is = cfg.shared_inter, k = cfg.topk, El = c->El;
+  for (int s = 0; s < N; s++) {
+    c->T[s] = mode == RT_UNEVEN ? (s ? 96 : 17) : mode == RT_EMPTY_EXPERTS && s == 1 ? 0 : 64 + 13 * s;
+    int T = c->T[s];
+    size_t th = (size_t)T * H, tk = (size_t)T * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
+    mokBf16 *x = malloc(2 * th + 2), *d = malloc(2 * th + 2);
+    int32_t *idx = malloc(4 * tk + 4);
+    float *tw = malloc(4 * tk + 4);
+    mokBf16 *wg = malloc(2 * wgu), *wu = malloc(2 * wgu), *wd = malloc(2 * wgu);
+    mokBf16 *sg = Is ? malloc(2 * sgu) : NULL, *su = Is ? malloc(2 * sgu) : NULL, *sd = Is ? malloc(2 * sgu) : NULL;
+    mokGenerateRankData(host, seed, &uni, s, T, x, idx, tw, d, wg, wu, wd, sg, su, sd);
+    c->in[s] = (mokRankInput_t){T, x, idx, tw};
+    c->w[s] = (mokRankWeights_t){wg, wu, wd, sg, su, sd};
+    c->dout[s] = d;
+    set_routing(c, s, mode, &r);
+    c->ref_out[s] = malloc(2 * th + 2);
+    c->ref[s] = (mokRankGrads_t){malloc(2 * th + 2), malloc(4 * tk + 4), malloc(gsz(c) * wgu), malloc(gsz(c) * wgu),
+                                 malloc(gsz(c) * wgu), Is ? malloc(gsz(c) * sgu) : NULL,
+                                 Is ? malloc(gsz(c) * sgu) : NULL, Is ? malloc(gsz(c) * sgu) : NULL};
+  }
+  int ok = mokReferenceForward(host, c->in, c->w, c->ref_out, NULL) == mokSuccess &&
+           mokReferenceBackward(host, c->in, c->w, (const mokBf16 *const *)c->dout, c->ref) == mokSuccess;
+  mokLayerDestroy(host);
+  return ok;
+}
+
+static void case_free(gpu_case *c) {
+  for (int s = 0; s < c->N; s++) {
+    free((void *)c->in[s].x); free((void *)c->in[s].topk_idx); free((void *)c->in[s].topk_w);
+    free((void *)c->w[s].w_gate); free((void *)c->w[s].w_up); free((void *)c->w[s].w_down);
+    free((void *)c->w[s].s_gate); free((void *)c->w[s].s_up); free((void *)c->w[s].s_down);
+    free(c->dout[s]); free(c->ref_out[s]);
+    free(c->ref[s].d_x); free(c->ref[s].d_topk_w); free(c->ref[s].d_w_gate); free(c->ref[s].d_w_up);
+    free(c->ref[s].d_w_down); free(c->ref[s].d_s_gate); free(c->ref[s].d_s_up); free(c->ref[s].d_s_down);
+  }
+}
+
+/* Per rank, on its own thread with its device current: upload, create, forward, backward. */
+static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
+  gpu_case *c = arg;
+  const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, T = c->T[s], El = c->El;
+  size_t th = (size_t)T * H, tk = (size_t)T * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
+  c->din[s] = (mokRankInput_t){T, to_dev(c->in[s].x, 2 * th), to_dev(c->in[s].topk_idx, 4 * tk),
+                               to_dev(c->in[s].topk_w, 4 * tk)};
+  c->dw[s] = (mokRankWeights_t){to_dev(c->w[s].w_gate, 2 * wgu), to_dev(c->w[s].w_up, 2 * wgu),
+                                to_dev(c->w[s].w_down, 2 * wgu), Is ? to_dev(c->w[s].s_gate, 2 * sgu) : NULL,
+                                Is ? to_dev(c->w[s].s_up, 2 * sgu) : NULL, Is ? to_dev(c->w[s].s_down, 2 * sgu) : NULL};
+  c->dout_d[s] = to_dev(c->dout[s], 2 * th);
+  c->out_d[s] = to_dev(NULL, 2 * th);
+  c->dg[s] = (mokRankGrads_t){to_dev(NULL, 2 * th), to_dev(NULL, 4 * tk), to_dev(NULL, gsz(c) * wgu),
+                              to_dev(NULL, gsz(c) * wgu), to_dev(NULL, gsz(c) * wgu),
+                              Is ? to_dev(NULL, gsz(c) * sgu) : NULL, Is ? to_dev(NULL, gsz(c) * sgu) : NULL,
+                              Is ? to_dev(NULL, gsz(c) * sgu) : NULL};
+  /* poison outputs: every element must be written */
+  cudaMemset(c->out_d[s], 0xff, 2 * th);
+  cudaMemset(c->dg[s].d_x, 0xff, 2 * th);
+  cudaMemset(c->dg[s].d_w_gate, 0xff, gsz(c) * wgu);
+  cudaMemset(c->dg[s].d_w_down, 0xff, gsz(c) * wgu);
+  mokResult_t rc = mokLayerCreateOnComm(&c->layer[s], &c->cfg, comm);
+  if (rc != mokSuccess) return rc;
+  cudaStream_t st;
+  cudaStreamCreate(&st);
+  c->fwd_rc[s] = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
+  c->bwd_rc[s] = c->fwd_rc[s] == mokSuccess
+                     ? mokLayerBackward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st)
+                     : c->fwd_rc[s];
+  cudaStreamSynchronize(st);
+  cudaStreamDestroy(st);
+  return c->bwd_rc[s];
+}
+
+static mokResult_t rank_free(mokComm_t comm, int s, void *arg) {
+  gpu_case *c = arg;
+  (void)comm;
+  mokLayerDestroy(c->layer[s]);
+  void *p[] = {(void *)c->din[s].x, (void *)c->din[s].topk_idx, (void *)c->din[s].topk_w, (void *)c->dw[s].w_gate,
+               (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate, (void *)c->dw[s].s_up,
+               (void *)c->dw[s].s_down, c->dout_d[s], c->out_d[s], c->dg[s].d_x, c->dg[s].d_topk_w, c->dg[s].d_w_gate,
+               c->dg[s].d_w_up, c->dg[s].d_w_down, c->dg[s].d_s_gate, c->dg[s].d_s_up, c->dg[s].d_s_down};
+  for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
+  return mokSuccess;
+}
+
+/* rel L2 of device tensor `d` (esz bytes per element: 2 bf16, 4 fp32) vs host `h`. */
+static double rel_dev(const void *d, const void *h, size_t n, size_t esz, double *num, double *den) {
+  void *tmp = malloc(esz * n + 4);
+  cudaMemcpy(tmp, d, esz * n, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < n; i++) {
+    double a = esz == 2 ? mokBf16ToFloat(((mokBf16 *)tmp)[i]) : ((float *)tmp)[i];
+    double b = esz == 2 ? mokBf16ToFloat(((const mokBf16 *)h)[i]) : ((const float *)h)[i];
+    *num += a != a ? INFINITY : (a - b) * (a - b);
+    *den += b * b;
+  }
+  free(tmp);
+  return *den ? sqrt(*num / *den) : sqrt(*num);
+}
+
+static void run_case(test_ctx *t, mokComm_t *comms, int N, int mode, float clamp, mokDtype_t gdt, const char *label) {
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, N, mode, clamp, gdt, test_seed() ^ (uint64_t)(mode * 31 + N)));
+  c->impl = mokImplBaseline;
+  mokResult_t rc = mokLocalRun(N, comms, rank_run, c);
+  CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
+  const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, El = c->El;
+  static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up", "d_s_down"};
+  double num[9] = {0}, den[9] = {0};
+  for (int s = 0; s < N; s++) {
+    size_t th = (size_t)c->T[s] * H, tk = (size_t)c->T[s] * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
+    rel_dev(c->out_d[s], c->ref_out[s], th, 2, &num[0], &den[0]);
+    rel_dev(c->dg[s].d_x, c->ref[s].d_x, th, 2, &num[1], &den[1]);
+    rel_dev(c->dg[s].d_topk_w, c->ref[s].d_topk_w, tk, 4, &num[2], &den[2]);
+    rel_dev(c->dg[s].d_w_gate, c->ref[s].d_w_gate, wgu, gsz(c), &num[3], &den[3]);
+    rel_dev(c->dg[s].d_w_up, c->ref[s].d_w_up, wgu, gsz(c), &num[4], &den[4]);
+    rel_dev(c->dg[s].d_w_down, c->ref[s].d_w_down, wgu, gsz(c), &num[5], &den[5]);
+    if (Is) {
+      rel_dev(c->dg[s].d_s_gate, c->ref[s].d_s_gate, sgu, gsz(c), &num[6], &den[6]);
+      rel_dev(c->dg[s].d_s_up, c->ref[s].d_s_up, sgu, gsz(c), &num[7], &den[7]);
+      rel_dev(c->dg[s].d_s_down, c->ref[s].d_s_down, sgu, gsz(c), &num[8], &den[8]);
+    }
+  }
+  mokLocalRun(N, comms, rank_free, c);
+  case_free(c);
+  free(c);
+  for (int q = 0; q < 9; q++) {
+    double e = den[q] ? sqrt(num[q] / den[q]) : sqrt(num[q]);
+    CHECK_MSG(e < 1e-2, "%s (%d GPU): %s rel L2 %g >= 1e-2", label, N, names[q], e);
+  }
+}
+
+static void all_routings(test_ctx *t, int N) {
+  mokComm_t comms[MAXR] = {0};
+  CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  run_case(t, comms, N, RT_RANDOM, 0.f, mokDtypeBF16, "random");
+  if (!t->failed) run_case(t, comms, N, RT_DUP_EMPTY, 1.0f, mokDtypeFP32, "duplicates/-1, clamp, fp32 grads");
+  if (!t->failed) run_case(t, comms, N, RT_ONE_EXPERT, 0.f, mokDtypeBF16, "one expert, no shared");
+  if (!t->failed) run_case(t, comms, N, RT_EMPTY_EXPERTS, 0.f, mokDtypeFP32, "empty experts, a rank with 0 tokens");
+  if (!t->failed) run_case(t, comms, N, RT_UNEVEN, 0.5f, mokDtypeBF16, "uneven tokens, clamp");
+  mokLocalCommsDestroy(N, comms);
+}
+
+MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1); }
+MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2); }
+
+/* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
+typedef struct {
+  gpu_case c;
+  mokResult_t first[MAXR], again_host[MAXR], nofwd[MAXR];
+  mokBf16 first_out[MAXR];
+} bad_case;
+
+static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
+  bad_case *b = arg;
+  gpu_case *c = &b->c;
+  mokResult_t rc = rank_run(comm, s, c); /* creates the layer and runs a good pass */
+  if (rc != mokSuccess) return rc;
+  cudaStream_t st;
+  cudaStreamCreate(&st);
+  /* backward of a different token count than the forward: refused */
+  mokRankInput_t other = c->din[s];
+  other.num_tokens = c->T[s] - 1;
+  b->nofwd[s] = mokLayerBackward(c->layer[s], mokImplBaseline, &other, &c->dw[s], c->dout_d[s], &c->dg[s], st);
+  /* host pointer for x: refused before any collective work */
+  mokRankInput_t host_in = c->din[s];
+  host_in.x = c->in[s].x;
+  b->again_host[s] = mokLayerForward(c->layer[s], mokImplBaseline, &host_in, &c->dw[s], c->out_d[s], st);
+  /* plant a bad id on rank 1 */
+  cudaMemset(c->out_d[s], 0x77, 2);
+  if (s == 1) {
+    int32_t bad = 8;
+    cudaMemcpy((int32_t *)c->din[s].topk_idx + 5, &bad, 4, cudaMemcpyHostToDevice);
+  }
+  b->first[s] = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  cudaStreamSynchronize(st);
+  cudaMemcpy(&b->first_out[s], c->out_d[s], 2, cudaMemcpyDeviceToHost);
+  if (s == 1) cudaMemcpy((int32_t *)c->din[s].topk_idx + 5, c->in[s].topk_idx + 5, 4, cudaMemcpyHostToDevice);
+  rc = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  cudaStreamSynchronize(st);
+  cudaStreamDestroy(st);
+  return rc;
+}
+
+MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) {
+  mokComm_t comms[MAXR] = {0};
+  CHECK_MSG(mokLocalCommsCreate(2, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  bad_case *b = calloc(1, sizeof *b);
+  CHECK(case_init(&b->c, 2, RT_RANDOM, 0.f, mokDtypeBF16, test_seed()));
+  b->c.impl = mokImplBaseline;
+  mokResult_t rc = mokLocalRun(2, comms, rank_bad, b);
+  CHECK_MSG(rc == mokSuccess, "the layer did not recover: %s", mokGetLastError());
+  for (int s = 0; s < 2; s++) {
+    CHECK_MSG(b->first[s] == mokInvalidArgument, "rank %d: bad id gave %s", s, mokGetErrorName(b->first[s]));
+    CHECK_MSG(b->first_out[s] == 0x7777, "rank %d: out was written after a refused forward", s);
+    CHECK(b->again_host[s] == mokInvalidArgument);
+    CHECK(b->nofwd[s] == mokInvalidUsage);
+  }
+  CHECK(strstr(mokLayerGetLastError(b->c.layer[0]), "rank 1") != NULL);
+  mokLocalRun(2, comms, rank_free, &b->c);
+  case_free(&b->c);
+  free(b);
+  mokLocalCommsDestroy(2, comms);
+}
+
+MOK_GPU_TEST(generate_bf16_device_matches_host, 1) {
+  enum { n = 1 << 20 };
+  mokBf16 *h = malloc(2 * n), *g = malloc(2 * n), *d = NULL;
+  CHECK(cudaMalloc((void **)&d, 2 * n) == cudaSuccess);
+  uint64_t seed = test_seed();
+  CHECK_OK(mokGenerateBf16(seed, mokTensorWDown, 123, 77, n, 0.03f, h));
+  CHECK_OK(mokGenerateBf16Device(seed, mokTensorWDown, 123, 77, n, 0.03f, d, NULL));
+  cudaMemcpy(g, d, 2 * n, cudaMemcpyDeviceToHost);
+  CHECK(!memcmp(g, h, 2 * n));
+  CHECK_STATUS(mokGenerateBf16Device(seed, mokTensorX, 0, 0, 16, 1.f, h, NULL), mokInvalidArgument);
+  cudaFree(d);
+  free(h);
+  free(g);
+}
