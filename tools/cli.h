@@ -13,6 +13,13 @@ int mok_bench_gemm_main(int argc, char **argv); /* tools/bench_gemm.cu: mok benc
 int mok_bench_comm_main(int argc, char **argv); /* tools/bench_comm.cu: mok bench comm */
 int mok_bench_layer_main(int argc, char **argv); /* tools/bench_layer.c: mok bench layer */
 
+/* tools/run_gpu.c: `mok run` on one GPU per rank (cfg->num_ranks GPUs); the host
+ * buffers are those of the CPU path. Returns 0, or 1 with a message on stderr. */
+#include "mok.h"
+int mok_run_on_gpus(const mokConfig_t *cfg, mokImpl_t impl, const mokRankInput_t *in, const mokRankWeights_t *w,
+                    mokBf16 *const *dout, mokBf16 *const *out, const mokRankGrads_t *g, double *fwd_ms,
+                    double *bwd_ms);
+
 #ifdef __cplusplus
 }
 #endif

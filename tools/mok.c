@@ -109,7 +109,7 @@ static void run_help(void) {
   int count = 0;
   const char *name = NULL;
   mokModelName(0, &name, &count);
-  printf("usage: mok run [--impl auto|cpu] [--model NAME | --hidden H --inter I --experts E --topk K\n"
+  printf("usage: mok run [--impl auto|cpu|baseline] [--model NAME | --hidden H --inter I --experts E --topk K\n"
          "               [--shared-inter IS]] [--ranks N] [--tokens T] [--seed S]\n"
          "               [--routing uniform|zipf:S|hot:E] [--grad-dtype bf16|fp32]\n"
          "               [--swiglu-limit L] [--row-pad P]\n"
@@ -118,15 +118,17 @@ static void run_help(void) {
          "  sum = the float64 sum of the elements, l2 = sqrt of the sum of squares. Runs with\n"
          "  the same seed and shape agree to about 1e-2 (relative) on every implementation.\n"
          "  --impl cpu    the float64 CPU reference (DESIGN.md section 2a), N simulated ranks\n"
-         "  --impl auto   (default) the fastest implementation built for this machine: the CPU\n"
-         "                reference until the GPU implementations land\n"
+         "  --impl baseline  the GPU layer (NCCL all-to-all + cuBLAS), one rank per GPU\n"
+         "  --impl auto   (default) the fastest implementation built for this machine: the GPU\n"
+         "                layer on all local GPUs (N = GPU count), else the CPU reference\n"
          "  --model       one of:");
   for (int i = 0; i < count; i++) {
     mokModelName(i, &name, NULL);
     printf("%s %s", i ? "," : "", name);
   }
   printf("\n                explicit --hidden/--inter/... override the model's values\n"
-         "  Defaults (no model): H 512, I 256, E 32, k 4, I_s 256; N 4, T 128, seed 1, uniform.\n");
+         "  Defaults (no model): H 512, I 256, E 32, k 4, I_s 256; N 4 (CPU) or the GPU count,\n"
+         "  T 128, seed 1, uniform.\n");
 }
 
 static int parse_int(const char *s, long lo, long hi, long *out) {
@@ -179,7 +181,7 @@ static double reference_bytes(const mokConfig_t *c, int tokens) {
 
 static int cmd_run(int argc, char **argv) {
   const char *impl = "auto", *model = NULL, *routing_s = "uniform";
-  long hidden = -1, inter = -1, experts = -1, topk = -1, shared = -1, ranks = 4, tokens = 128, rowpad = 0;
+  long hidden = -1, inter = -1, experts = -1, topk = -1, shared = -1, ranks = -1, tokens = 128, rowpad = 0;
   long long seed = 1;
   double limit = 0.0;
   mokDtype_t gdt = mokDtypeBF16;
@@ -227,8 +229,18 @@ static int cmd_run(int argc, char **argv) {
       if (!found) return usage_error("run", "unknown option '%s'", a);
     }
   }
-  if (strcmp(impl, "auto") && strcmp(impl, "cpu"))
-    return usage_error("run", "--impl '%s' is not built: this build has cpu (and auto)", impl);
+  if (strcmp(impl, "auto") && strcmp(impl, "cpu") && strcmp(impl, "baseline"))
+    return usage_error("run", "--impl '%s' is not built: this build has auto, cpu and baseline", impl);
+  const int gpus = gpu_count();
+  /* auto: the GPUs when there are any (one rank per GPU), else the CPU reference */
+  const int on_gpu = !strcmp(impl, "baseline") || (!strcmp(impl, "auto") && gpus > 0);
+  if (on_gpu && gpus == 0)
+    return fprintf(stderr, "mok run: --impl baseline needs CUDA GPUs and none was found ('mok info')\n"), 2;
+  if (ranks < 0) ranks = on_gpu ? gpus : 4;
+  if (on_gpu && ranks > gpus) {
+    fprintf(stderr, "mok run: --ranks %ld but %d GPU(s): the GPU layer runs one rank per GPU\n", ranks, gpus);
+    return 2;
+  }
 
   mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
   if (model) {
@@ -270,16 +282,15 @@ static int cmd_run(int argc, char **argv) {
   mokLayerGetConfig(layer, &cfg);
   const int N = cfg.num_ranks, T = (int)tokens, H = cfg.hidden, I = cfg.inter, Is = cfg.shared_inter;
   const int k = cfg.topk, El = cfg.num_experts / N;
-  const int gpus = gpu_count();
   if (!strcmp(impl, "auto")) {
     if (gpus == 0)
       printf("no CUDA GPU found: running the CPU reference (float64) on %d simulated ranks.\n"
              "A GPU run needs NVIDIA Hopper GPUs (sm_90a) with NCCL 2.28+; 'mok info' shows what is here.\n", N);
     else
-      printf("%d GPU(s) found, but this build has no GPU implementation of the layer yet: running the\n"
-             "CPU reference (float64) on %d simulated ranks.\n", gpus, N);
+      printf("%d GPU(s) found: running the baseline GPU layer (NCCL all-to-all + cuBLAS), one rank per GPU.\n", N);
   }
   double need = reference_bytes(&cfg, T);
+  if (on_gpu) need = need / 22 * 6; /* host copies only: no float64 widening */
   long pages = sysconf(_SC_PHYS_PAGES), psz = sysconf(_SC_PAGE_SIZE);
   double have = pages > 0 && psz > 0 ? (double)pages * (double)psz : 0;
   if (have > 0 && need > 0.8 * have) {
@@ -329,22 +340,31 @@ static int cmd_run(int argc, char **argv) {
       goto done;
     }
   }
-  printf("forward ...\n");
-  fflush(stdout);
-  double t0 = now_s();
-  if (mokReferenceForward(layer, in, w, out, NULL) != mokSuccess) {
-    fprintf(stderr, "mok run: forward failed: %s\n", mokGetLastError());
-    goto done;
+  if (on_gpu) {
+    double fms = 0, bms = 0;
+    printf("forward + backward on %d GPU(s) ...\n", N);
+    fflush(stdout);
+    if (mok_run_on_gpus(&cfg, mokImplBaseline, in, w, dout, out, g, &fms, &bms)) goto done;
+    printf("impl baseline: forward %.3f ms, backward %.3f ms (second call, slowest rank; 'mok bench layer' times properly)\n",
+           fms, bms);
+  } else {
+    printf("forward ...\n");
+    fflush(stdout);
+    double t0 = now_s();
+    if (mokReferenceForward(layer, in, w, out, NULL) != mokSuccess) {
+      fprintf(stderr, "mok run: forward failed: %s\n", mokGetLastError());
+      goto done;
+    }
+    double t1 = now_s();
+    printf("backward ...\n");
+    fflush(stdout);
+    if (mokReferenceBackward(layer, in, w, (const mokBf16 *const *)dout, g) != mokSuccess) {
+      fprintf(stderr, "mok run: backward failed: %s\n", mokGetLastError());
+      goto done;
+    }
+    double t2 = now_s();
+    printf("impl cpu-reference: forward %.3f s, backward %.3f s (backward recomputes the forward)\n", t1 - t0, t2 - t1);
   }
-  double t1 = now_s();
-  printf("backward ...\n");
-  fflush(stdout);
-  if (mokReferenceBackward(layer, in, w, (const mokBf16 *const *)dout, g) != mokSuccess) {
-    fprintf(stderr, "mok run: backward failed: %s\n", mokGetLastError());
-    goto done;
-  }
-  double t2 = now_s();
-  printf("impl cpu-reference: forward %.3f s, backward %.3f s (backward recomputes the forward)\n", t1 - t0, t2 - t1);
   printf("%-10s %-22s %24s %24s\n", "tensor", "shape (all ranks)", "sum", "l2");
   struct { const char *name; int kind; size_t n; } rows[] = {
       {"out", 0, (size_t)T * H}, {"d_x", 1, (size_t)T * H}, {"d_topk_w", 2, (size_t)T * k},
