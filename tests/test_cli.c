@@ -40,7 +40,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"run --routing sideways", "--routing"},
       {"run --hidden 100", "config.hidden"},
       {"run --topk 40", "--topk"},
-      {"run --experts 6 --ranks 4", "num_experts"},
+      {"run --impl cpu --experts 6 --ranks 4", "num_experts"},
       {"run --routing hot:99 --tokens 4", "hot expert"},
       {"run --bogus 1", "unknown option '--bogus'"},
       {"run --tokens", "needs a value"},

@@ -1,0 +1,414 @@
+/*
+ * gemm.cu — host launchers of the grouped expert GEMMs (declared in gemm.h) over the
+ * Hopper tiles of src/gemm/grouped_gemm.cuh, plus fill / NaN-count helpers for tests
+ * and benchmarks.
+ *
+ * Each launcher: validate (mokInvalidArgument, nothing launched) -> pick the tile shape
+ * by the one rule (mok_gemm_tile_shape) -> build the TMA descriptors with
+ * cuTensorMapEncodeTiled (reached through the runtime's driver entry point, so libcuda
+ * is not linked) -> size a persistent grid from the SM count -> raise the dynamic shared
+ * memory limit -> cudaLaunchKernelEx on the caller's stream -> check the launch.
+ */
+#include "gemm.h"
+
+#include <cuda.h>         /* defines: CUtensorMap, CU_TENSOR_MAP_* */
+#include <cudaTypedefs.h> /* defines: PFN_cuTensorMapEncodeTiled_v12000 */
+#include <cuda_runtime.h>
+
+#include "gemm/grouped_gemm.cuh" /* defines: mok_sm90::grouped_gemm_kernel, GemmTileArgs */
+#include "internal.h"            /* defines: mok_error, CUDA_CHECK */
+
+using namespace mok_sm90;
+
+/* ---- the tile rule ----------------------------------------------------------------- */
+/* Smallest padded width ceil(n / c) * c over the candidates (largest first); ties keep
+ * the wider tile. */
+static int pick_width(int n, const int *cands, int count) {
+  int best = cands[0];
+  int64_t best_pad = mok_round_up(n, cands[0]);
+  for (int i = 1; i < count; ++i) {
+    int64_t pad = mok_round_up(n, cands[i]);
+    if (pad < best_pad) {
+      best = cands[i];
+      best_pad = pad;
+    }
+  }
+  return best;
+}
+
+static int stages_for(int bn) {
+  return bn == 256 ? TileConfig<256>::kStages : bn == 192 ? TileConfig<192>::kStages : TileConfig<128>::kStages;
+}
+static int smem_for(int bn, int experts) {
+  return bn == 256 ? TileConfig<256>::smem_bytes(experts)
+         : bn == 192 ? TileConfig<192>::smem_bytes(experts)
+                     : TileConfig<128>::smem_bytes(experts);
+}
+
+extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int inter, mokGemmTileShape_t *shape) {
+  if (!shape) return mok_error(NULL, mokInvalidArgument, "mok_gemm_tile_shape: shape is NULL");
+  if (hidden < 64 || hidden % 64 || inter < 64 || inter % 64)
+    return mok_error(NULL, mokInvalidArgument,
+                     "mok_gemm_tile_shape: hidden (%d) and inter (%d) must be multiples of 64, >= 64", hidden,
+                     inter);
+  static const int full[3] = {256, 192, 128};
+  static const int half[3] = {128, 96, 64};
+  int n;
+  switch (kind) {
+    case mokGemmGateUpFwd: n = inter; break;
+    case mokGemmDownFwd: n = hidden; break;
+    case mokGemmDownDgrad: n = inter; break;
+    case mokGemmGateUpDgrad: n = hidden; break;
+    case mokGemmWgradGateUp: n = hidden; break; /* [I, H] weights: N = H */
+    case mokGemmWgradDown: n = inter; break;    /* [H, I] weights: N = I */
+    default: return mok_error(NULL, mokInvalidArgument, "mok_gemm_tile_shape: unknown kind %d", (int)kind);
+  }
+  shape->bm = kBM;
+  shape->bk = kBK;
+  if (kind == mokGemmGateUpFwd) {
+    shape->out_cols = pick_width(n, half, 3);
+    shape->bn = 2 * shape->out_cols;
+  } else {
+    shape->bn = pick_width(n, full, 3);
+    shape->out_cols = shape->bn;
+  }
+  shape->stages = stages_for(shape->bn);
+  shape->smem_bytes = smem_for(shape->bn, MOK_GEMM_MAX_EXPERTS);
+  return mokSuccess;
+}
+
+/* ---- validation -------------------------------------------------------------------- */
+static mokResult_t check_rows(const char *fn, const mokGemmRows_t *rows, int hidden, int inter) {
+  if (!rows) return mok_error(NULL, mokInvalidArgument, "%s: rows is NULL", fn);
+  if (rows->num_experts < 1 || rows->num_experts > MOK_GEMM_MAX_EXPERTS)
+    return mok_error(NULL, mokInvalidArgument, "%s: rows->num_experts = %d, must be in [1, %d]", fn,
+                     rows->num_experts, MOK_GEMM_MAX_EXPERTS);
+  if (rows->capacity < 64 || rows->capacity % 64 || rows->capacity >= ((int64_t)1 << 31))
+    return mok_error(NULL, mokInvalidArgument,
+                     "%s: rows->capacity = %lld, must be a multiple of 64 in [64, 2^31)", fn,
+                     (long long)rows->capacity);
+  if (!rows->expert_offset) return mok_error(NULL, mokInvalidArgument, "%s: rows->expert_offset is NULL", fn);
+  if (hidden < 64 || hidden % 64)
+    return mok_error(NULL, mokInvalidArgument, "%s: hidden = %d, must be a multiple of 64, >= 64", fn, hidden);
+  if (inter < 64 || inter % 64)
+    return mok_error(NULL, mokInvalidArgument, "%s: inter = %d, must be a multiple of 64, >= 64", fn, inter);
+  if ((int64_t)rows->num_experts * (hidden > inter ? hidden : inter) >= ((int64_t)1 << 31))
+    return mok_error(NULL, mokInvalidArgument, "%s: num_experts * max(hidden, inter) must be < 2^31", fn);
+  return mokSuccess;
+}
+
+static mokResult_t check_ptr(const char *fn, const char *name, const void *p) {
+  if (!p) return mok_error(NULL, mokInvalidArgument, "%s: %s is NULL", fn, name);
+  if ((uintptr_t)p % 16)
+    return mok_error(NULL, mokInvalidArgument, "%s: %s is not 16-byte aligned (TMA needs it)", fn, name);
+  return mokSuccess;
+}
+
+static mokResult_t check_limit(const char *fn, float limit) {
+  if (!(limit >= 0.0f) || limit > 3.0e38f)
+    return mok_error(NULL, mokInvalidArgument, "%s: swiglu_limit = %g, must be >= 0 and finite", fn, (double)limit);
+  return mokSuccess;
+}
+
+/* ---- TMA descriptors ----------------------------------------------------------------- */
+static mokResult_t get_encode(PFN_cuTensorMapEncodeTiled_v12000 *out) {
+  static PFN_cuTensorMapEncodeTiled_v12000 fn = [] {
+    void *p = nullptr;
+    cudaDriverEntryPointQueryResult q;
+    if (cudaGetDriverEntryPointByVersion("cuTensorMapEncodeTiled", &p, 12000, cudaEnableDefault, &q) !=
+            cudaSuccess ||
+        q != cudaDriverEntryPointSuccess)
+      p = nullptr;
+    return reinterpret_cast<PFN_cuTensorMapEncodeTiled_v12000>(p);
+  }();
+  if (!fn) {
+    cudaGetLastError();
+    return mok_error(NULL, mokNotSupported, "cuTensorMapEncodeTiled is not available from the CUDA driver");
+  }
+  *out = fn;
+  return mokSuccess;
+}
+
+/* 2-D bf16 tensor [outer, inner] row-major; box = 64 inner x box_outer, 128-byte swizzle,
+ * out-of-bounds elements read as zero. */
+static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer,
+                            const char *what) {
+  PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
+  MOK_CHECK(get_encode(&encode));
+  cuuint64_t dims[2] = {inner, outer};
+  cuuint64_t strides[1] = {inner * 2};
+  cuuint32_t box[2] = {64, box_outer};
+  cuuint32_t estr[2] = {1, 1};
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(ptr), dims, strides, box, estr,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
+                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  if (r != CUDA_SUCCESS)
+    return mok_error(NULL, mokCudaError, "cuTensorMapEncodeTiled(%s: %llu x %llu, box %u) failed: CUresult %d",
+                     what, (unsigned long long)outer, (unsigned long long)inner, box_outer, (int)r);
+  return mokSuccess;
+}
+
+/* ---- launch -------------------------------------------------------------------------- */
+template <int KIND, int BN>
+static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStream_t stream) {
+  int dev = 0, sms = 0, major = 0, optin = 0;
+  CUDA_CHECK(NULL, cudaGetDevice(&dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9)
+    return mok_error(NULL, mokNotSupported, "grouped GEMM: needs a Hopper GPU (sm_90a), device %d is sm_%d", dev,
+                     major * 10);
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int smem = TileConfig<BN>::smem_bytes(args.num_experts);
+  if (smem > optin)
+    return mok_error(NULL, mokNotSupported, "grouped GEMM: needs %d bytes of shared memory per block, device has %d",
+                     smem, optin);
+  auto kernel = grouped_gemm_kernel<KIND, BN>;
+  CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  int64_t grid = max_tiles < sms ? max_tiles : sms;
+  if (grid < 1) grid = 1;
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3((unsigned)grid);
+  cfg.blockDim = dim3(kThreads);
+  cfg.dynamicSmemBytes = (size_t)smem;
+  cfg.stream = stream;
+  CUDA_CHECK(NULL, cudaLaunchKernelEx(&cfg, kernel, args));
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+template <int KIND>
+static mokResult_t launch_bn(int bn, const GemmTileArgs &args, int64_t max_tiles, cudaStream_t stream) {
+  switch (bn) {
+    case 256: return launch<KIND, 256>(args, max_tiles, stream);
+    case 192: return launch<KIND, 192>(args, max_tiles, stream);
+    default: return launch<KIND, 128>(args, max_tiles, stream);
+  }
+}
+
+static GemmTileArgs base_args(const mokGemmRows_t *rows) {
+  GemmTileArgs a;
+  memset(&a, 0, sizeof a);
+  a.expert_offset = rows->expert_offset;
+  a.num_experts = rows->num_experts;
+  return a;
+}
+
+/* Upper bound on row-grouped tiles: every tile holds >= 64 rows of one segment. */
+static int64_t row_tiles_bound(const mokGemmRows_t *rows, int n, int out_cols) {
+  return rows->capacity / 64 * ((n + out_cols - 1) / out_cols);
+}
+
+extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                           const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                           mokBf16 *act, mokBf16 *gu, cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_gateup_fwd";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_limit(fn, swiglu_limit));
+  MOK_CHECK(check_ptr(fn, "x", x));
+  MOK_CHECK(check_ptr(fn, "w_gate", w_gate));
+  MOK_CHECK(check_ptr(fn, "w_up", w_up));
+  MOK_CHECK(check_ptr(fn, "act", act));
+  if (gu) MOK_CHECK(check_ptr(fn, "gu", gu));
+  mokGemmTileShape_t ts;
+  MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
+  GemmTileArgs a = base_args(rows);
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
+  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, ts.out_cols, "w_gate"));
+  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, ts.out_cols, "w_up"));
+  a.n_out = inter;
+  a.k_len = hidden;
+  a.b_rows = inter;
+  a.ld_aux = 2 * inter;
+  a.limit = swiglu_limit;
+  a.out0 = act;
+  a.out1 = gu;
+  return launch_bn<kGateUpFwd>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
+}
+
+extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
+                                         const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_down_fwd";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_ptr(fn, "act", act));
+  MOK_CHECK(check_ptr(fn, "w_down", w_down));
+  MOK_CHECK(check_ptr(fn, "y", y));
+  mokGemmTileShape_t ts;
+  MOK_CHECK(mok_gemm_tile_shape(mokGemmDownFwd, hidden, inter, &ts));
+  GemmTileArgs a = base_args(rows);
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
+  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.bn, "w_down"));
+  a.tm_b1 = a.tm_b0;
+  a.n_out = hidden;
+  a.k_len = inter;
+  a.b_rows = hidden;
+  a.out0 = y;
+  return launch_bn<kDownFwd>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+}
+
+extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                           const mokBf16 *dy, const mokBf16 *w_down, const mokBf16 *gu,
+                                           mokBf16 *dgu, cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_down_dgrad";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_limit(fn, swiglu_limit));
+  MOK_CHECK(check_ptr(fn, "dy", dy));
+  MOK_CHECK(check_ptr(fn, "w_down", w_down));
+  MOK_CHECK(check_ptr(fn, "gu", gu));
+  MOK_CHECK(check_ptr(fn, "dgu", dgu));
+  mokGemmTileShape_t ts;
+  MOK_CHECK(mok_gemm_tile_shape(mokGemmDownDgrad, hidden, inter, &ts));
+  GemmTileArgs a = base_args(rows);
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map(&a.tm_a, dy, hidden, rows->capacity, kBM, "dy"));
+  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, 64, "w_down"));
+  a.tm_b1 = a.tm_b0;
+  a.n_out = inter;
+  a.k_len = hidden;
+  a.b_rows = hidden;
+  a.ld_aux = 2 * inter;
+  a.limit = swiglu_limit;
+  a.out0 = dgu;
+  a.aux_in = gu;
+  return launch_bn<kDownDgrad>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
+}
+
+extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
+                                             const mokBf16 *w_gate, const mokBf16 *w_up, mokBf16 *dx,
+                                             cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_gateup_dgrad";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_ptr(fn, "dgu", dgu));
+  MOK_CHECK(check_ptr(fn, "w_gate", w_gate));
+  MOK_CHECK(check_ptr(fn, "w_up", w_up));
+  MOK_CHECK(check_ptr(fn, "dx", dx));
+  mokGemmTileShape_t ts;
+  MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpDgrad, hidden, inter, &ts));
+  GemmTileArgs a = base_args(rows);
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map(&a.tm_a, dgu, 2 * (uint64_t)inter, rows->capacity, kBM, "dgu"));
+  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate"));
+  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
+  a.n_out = hidden;
+  a.k_len = 2 * inter;
+  a.b_rows = inter;
+  a.out0 = dx;
+  return launch_bn<kGateUpDgrad>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+}
+
+static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t *rows, int hidden, int inter,
+                         const mokBf16 *a_rows, int m_w, int m_split, const mokBf16 *b_rows, int n_w,
+                         mokDtype_t dtype, void *out0, void *out1, cudaStream_t stream) {
+  if (dtype != mokDtypeBF16 && dtype != mokDtypeFP32)
+    return mok_error(NULL, mokInvalidArgument, "%s: grad_dtype = %d, must be mokDtypeBF16 or mokDtypeFP32", fn,
+                     (int)dtype);
+  mokGemmTileShape_t ts;
+  MOK_CHECK(mok_gemm_tile_shape(kind, hidden, inter, &ts));
+  GemmTileArgs a = base_args(rows);
+  MOK_CHECK(make_map(&a.tm_a, a_rows, (uint64_t)m_w, rows->capacity, 64, "wgrad A"));
+  MOK_CHECK(make_map(&a.tm_b0, b_rows, (uint64_t)n_w, rows->capacity, 64, "wgrad B"));
+  a.tm_b1 = a.tm_b0;
+  a.n_out = n_w;
+  a.m_w = m_w;
+  a.m_split = m_split;
+  a.out_fp32 = dtype == mokDtypeFP32;
+  a.out0 = out0;
+  a.out1 = out1;
+  const int64_t tiles = (int64_t)rows->num_experts * ((m_w + kBM - 1) / kBM) * ((n_w + ts.bn - 1) / ts.bn);
+  return launch_bn<kWgradGateUp>(ts.bn, a, tiles, stream);
+}
+
+extern "C" mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
+                                             const mokBf16 *x, mokDtype_t grad_dtype, void *dw_gate, void *dw_up,
+                                             cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_wgrad_gateup";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_ptr(fn, "dgu", dgu));
+  MOK_CHECK(check_ptr(fn, "x", x));
+  MOK_CHECK(check_ptr(fn, "dw_gate", dw_gate));
+  MOK_CHECK(check_ptr(fn, "dw_up", dw_up));
+  return wgrad(fn, mokGemmWgradGateUp, rows, hidden, inter, dgu, 2 * inter, inter, x, hidden, grad_dtype, dw_gate,
+               dw_up, stream);
+}
+
+extern "C" mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dy,
+                                           const mokBf16 *act, mokDtype_t grad_dtype, void *dw_down,
+                                           cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_wgrad_down";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  MOK_CHECK(check_ptr(fn, "dy", dy));
+  MOK_CHECK(check_ptr(fn, "act", act));
+  MOK_CHECK(check_ptr(fn, "dw_down", dw_down));
+  return wgrad(fn, mokGemmWgradDown, rows, hidden, inter, dy, hidden, hidden, act, inter, grad_dtype, dw_down,
+               dw_down, stream);
+}
+
+/* ---- test / benchmark helpers ------------------------------------------------------ */
+__device__ __forceinline__ uint64_t mix64(uint64_t z) {
+  z = (z ^ (z >> 30)) * 0xbf58476d1ce4e5b9ull;
+  z = (z ^ (z >> 27)) * 0x94d049bb133111ebull;
+  return z ^ (z >> 31);
+}
+
+__global__ void fill_rows_kernel(uint16_t *dst, int64_t rows, int cols, uint64_t seed, float scale, int experts,
+                                 const int32_t *off, const int32_t *count) {
+  const int64_t n = rows * cols;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    const int64_t r = i / cols;
+    bool live = true;
+    if (off) {
+      int lo = 0, hi = experts; /* expert whose segment holds r */
+      while (hi - lo > 1) {
+        int mid = (lo + hi) >> 1;
+        if (off[mid] <= r) lo = mid;
+        else hi = mid;
+      }
+      live = r < off[experts] && r - off[lo] < count[lo];
+    }
+    float v = 0.f;
+    if (live) {
+      const uint64_t h = mix64(seed * 0x9e3779b97f4a7c15ull + (uint64_t)i);
+      v = scale * 1.7320508f * (2.0f * (float)(h >> 40) * (1.0f / 16777216.0f) - 1.0f);
+    }
+    __nv_bfloat16 b = __float2bfloat16_rn(v);
+    dst[i] = *reinterpret_cast<uint16_t *>(&b);
+  }
+}
+
+extern "C" mokResult_t mok_gemm_fill_rows(mokBf16 *dst, int64_t rows, int cols, uint64_t seed, float scale,
+                                          int num_experts, const int32_t *expert_offset,
+                                          const int32_t *expert_count, cudaStream_t stream) {
+  if (!dst || rows < 0 || cols < 1 || (expert_offset && (!expert_count || num_experts < 1)))
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_fill_rows: bad arguments");
+  if (rows == 0) return mokSuccess;
+  fill_rows_kernel<<<1024, 256, 0, stream>>>(dst, rows, cols, seed, scale, num_experts, expert_offset,
+                                             expert_count);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+__global__ void count_nan_kernel(const void *src, int64_t n, int fp32, int *bad) {
+  int local = 0;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x) {
+    if (fp32) {
+      local += isnan(static_cast<const float *>(src)[i]) ? 1 : 0;
+    } else {
+      const uint16_t b = static_cast<const uint16_t *>(src)[i];
+      local += ((b & 0x7f80u) == 0x7f80u && (b & 0x7fu)) ? 1 : 0;
+    }
+  }
+  if (local) atomicAdd(bad, local);
+}
+
+extern "C" mokResult_t mok_gemm_count_nan(const void *src, int64_t rows, int cols, int fp32, int *bad,
+                                          cudaStream_t stream) {
+  if (!src || !bad || rows < 0 || cols < 1)
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_count_nan: bad arguments");
+  CUDA_CHECK(NULL, cudaMemsetAsync(bad, 0, sizeof(int), stream));
+  if (rows == 0) return mokSuccess;
+  count_nan_kernel<<<1024, 256, 0, stream>>>(src, rows * (int64_t)cols, fp32, bad);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}

@@ -1,0 +1,114 @@
+/*
+ * gemm.h — host launchers of the grouped expert GEMMs (internal; C11-compatible).
+ *
+ * Row layout (DESIGN.md 2a): on an expert-owning rank, rows are expert-sorted; expert e
+ * owns rows [expert_offset[e], expert_offset[e+1]) of every row-indexed tensor, a segment
+ * padded with ZERO rows to a multiple of row_pad (P). expert_offset lives on the device
+ * and is never read by the host: grids are sized by `capacity` and tiles past the rows in
+ * use exit at once. Empty experts have empty segments.
+ *
+ * Tensors (bf16 = mokBf16 bit patterns, row-major, device pointers, 16-byte aligned):
+ *   x    [capacity, H]    act [capacity, I]   y  [capacity, H]   dy [capacity, H]
+ *   gu   [capacity, 2I]   saved pre-activations: g in columns [0, I), u in [I, 2I)
+ *   dgu  [capacity, 2I]   dg in columns [0, I), du in [I, 2I)
+ *   dx   [capacity, H]    routed d_x partial rows
+ *   w_gate, w_up [E_l, I, H]; w_down [E_l, H, I]; weight gradients in the same shapes,
+ *   bf16 or fp32 (grad_dtype), overwritten, never accumulated; an expert with no rows
+ *   gets zeros.
+ * Numerics: fp32 accumulation; SwiGLU with the optional clamp L (0 = off) exactly as
+ * include/mok.h documents; every sum over rows runs in one fixed order (no split-K, no
+ * atomics), so every output is bitwise reproducible.
+ *
+ * Every launcher: validates its arguments (mokInvalidArgument with a message, nothing
+ * launched), sizes a persistent grid from the device's SM count, launches on `stream`
+ * and checks the launch. Nothing is synchronised; no host-visible result but the status.
+ */
+#ifndef MOK_GEMM_H
+#define MOK_GEMM_H
+
+#include "mok.h"
+
+#include <stdint.h>
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* The rows the GEMMs run over. */
+typedef struct mokGemmRows {
+  int num_experts;              /* E_l, 1 .. MOK_GEMM_MAX_EXPERTS */
+  int64_t capacity;             /* rows allocated in each row-indexed tensor; < 2^31 */
+  const int32_t *expert_offset; /* device [E_l + 1]; multiples of 64, nondecreasing,
+                                   expert_offset[E_l] <= capacity */
+} mokGemmRows_t;
+
+#define MOK_GEMM_MAX_EXPERTS 1024
+/* The row padding the tiles are built for: 64 (one warpgroup's rows). Larger multiples of
+ * 64 work too; 64 keeps the padding waste at <= 63 rows per expert. */
+#define MOK_GEMM_ROW_PAD 64
+
+typedef enum mokGemmKind {
+  mokGemmGateUpFwd = 0,   /* act = bf16(silu(g) * u), gu = bf16(g, u); [g u] = x [W_gate; W_up]^T */
+  mokGemmDownFwd = 1,     /* y = bf16(act W_down^T) */
+  mokGemmDownDgrad = 2,   /* da = dy W_down; dgu = bf16(SwiGLU backward(da, gu)) */
+  mokGemmGateUpDgrad = 3, /* dx = bf16(dg W_gate + du W_up), one pass over K = 2I */
+  mokGemmWgradGateUp = 4, /* dW_gate[e] = dg^T x, dW_up[e] = du^T x over expert e's rows */
+  mokGemmWgradDown = 5,   /* dW_down[e] = dy^T act over expert e's rows */
+  mokGemmNumKinds = 6
+} mokGemmKind_t;
+
+/* The tile shape of one GEMM kind, chosen by one rule from (H, I): BM = 128 rows
+ * (two consumer warpgroups of 64), BK = 64, BN from {256, 192, 128} (output columns;
+ * for gate+up the tile holds BN/2 gate and BN/2 up columns) minimising the padded
+ * output width, ties to the wider tile; stages = as many as fit in shared memory. */
+typedef struct mokGemmTileShape {
+  int bm, bn, bk, stages;
+  int out_cols;   /* output columns of one tile (bn, or bn/2 for gate+up) */
+  int smem_bytes; /* dynamic shared memory per CTA for num_experts = MOK_GEMM_MAX_EXPERTS */
+} mokGemmTileShape_t;
+
+/* [OUT] shape. Host only, no device work. */
+mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int inter, mokGemmTileShape_t *shape);
+
+/* Forward gate+up with the SwiGLU epilogue. gu may be NULL (nothing saved). */
+mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                mokBf16 *act, mokBf16 *gu, cudaStream_t stream);
+/* Forward down GEMM. */
+mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
+                              const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream);
+/* Backward: data gradient through W_down with the SwiGLU backward epilogue. */
+mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                const mokBf16 *dy, const mokBf16 *w_down, const mokBf16 *gu,
+                                mokBf16 *dgu, cudaStream_t stream);
+/* Backward: data gradient through W_gate and W_up, accumulated in one pass. */
+mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
+                                  const mokBf16 *w_gate, const mokBf16 *w_up, mokBf16 *dx,
+                                  cudaStream_t stream);
+/* Backward: weight gradients of W_gate and W_up (one launch). dw_* are mokBf16 or float
+ * per grad_dtype. */
+mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
+                                  const mokBf16 *x, mokDtype_t grad_dtype, void *dw_gate, void *dw_up,
+                                  cudaStream_t stream);
+/* Backward: weight gradient of W_down. */
+mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dy,
+                                const mokBf16 *act, mokDtype_t grad_dtype, void *dw_down,
+                                cudaStream_t stream);
+
+/* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
+/* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first
+ * expert_count[e] rows of its segment get scale * U(-sqrt3, sqrt3) from a hash of
+ * (seed, element index); every other row (padding, unused) gets zeros.
+ * With expert_offset == NULL every row is filled (weights). */
+mokResult_t mok_gemm_fill_rows(mokBf16 *dst, int64_t rows, int cols, uint64_t seed, float scale,
+                               int num_experts, const int32_t *expert_offset,
+                               const int32_t *expert_count, cudaStream_t stream);
+/* [OUT] *bad (device int): number of elements among rows [0, rows) x cols whose bf16
+ * pattern is a NaN (finds elements a kernel never wrote over a 0xFFFF poison). */
+mokResult_t mok_gemm_count_nan(const void *src, int64_t rows, int cols, int fp32, int *bad,
+                               cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_GEMM_H */

@@ -1,0 +1,509 @@
+/*
+ * test_gemm.cu — the grouped expert GEMMs (src/gemm.cu) against a float64 host reference
+ * (src/gemm_check.h), every kind, on awkward row layouts: empty experts, one row, rows
+ * not a multiple of the tile, one hot expert, one expert, I = 2880 and H = 2880, with and
+ * without the SwiGLU clamp, bf16 and fp32 weight gradients. Every output is poisoned
+ * with 0xFFFF (bf16 NaN) before each run and scanned for NaN after it over every row in
+ * use; every row (or a sample of rows on the large shapes) is compared with the
+ * reference; weight gradients are bitwise identical across two runs.
+ * CPU-only tests cover the tile rule and argument validation.
+ */
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "gemm.h"
+#include "gemm_check.h"
+#include "test.h"
+
+/* ---- CPU: tile rule and validation -------------------------------------------------- */
+MOK_TEST(gemm_tile_rule) {
+  mokGemmTileShape_t s;
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 7168, 2048, &s));
+  CHECK(s.bn == 256 && s.out_cols == 128 && s.bm == 128 && s.bk == 64 && s.stages == 4);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2880, 2880, &s));
+  CHECK(s.bn == 192 && s.out_cols == 96); /* 2880 = 30 x 96: no padded columns */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 2880, 2880, &s));
+  CHECK(s.bn == 192 && s.stages == 5);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 7168, 2048, &s));
+  CHECK(s.bn == 256);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownDgrad, 2048, 768, &s));
+  CHECK(s.bn == 256); /* 768 = 3 x 256 */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmWgradDown, 4096, 320, &s));
+  CHECK(s.bn == 192 || s.bn == 128); /* 320: 384 for 128 and 192, 512 for 256 -> 192 */
+  CHECK(s.bn == 192);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 64, 64, &s));
+  CHECK(s.out_cols == 64 && s.bn == 128);
+  CHECK(s.smem_bytes <= 227 * 1024);
+  CHECK_STATUS(mok_gemm_tile_shape(mokGemmDownFwd, 100, 64, &s), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "multiples of 64") != NULL);
+  CHECK_STATUS(mok_gemm_tile_shape((mokGemmKind_t)17, 64, 64, &s), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_tile_shape(mokGemmDownFwd, 64, 64, NULL), mokInvalidArgument);
+}
+
+MOK_TEST(gemm_validation) {
+  /* Fake, aligned, never dereferenced: validation fails before anything touches them. */
+  const mokBf16 *p = (const mokBf16 *)(uintptr_t)0x10000;
+  mokBf16 *q = (mokBf16 *)(uintptr_t)0x20000;
+  const int32_t *off = (const int32_t *)(uintptr_t)0x30000;
+  mokGemmRows_t rows = {4, 1024, off};
+  CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
+  mokGemmRows_t bad = rows;
+  bad.num_experts = 0;
+  CHECK_STATUS(mok_gemm_down_fwd(&bad, 256, 256, p, p, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "num_experts") != NULL);
+  bad = rows;
+  bad.capacity = 1000;
+  CHECK_STATUS(mok_gemm_down_fwd(&bad, 256, 256, p, p, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "capacity") != NULL);
+  bad = rows;
+  bad.expert_offset = NULL;
+  CHECK_STATUS(mok_gemm_down_dgrad(&bad, 256, 256, 0.f, p, p, p, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "expert_offset") != NULL);
+  CHECK_STATUS(mok_gemm_gateup_fwd(&rows, 200, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "hidden") != NULL);
+  CHECK_STATUS(mok_gemm_gateup_fwd(&rows, 256, 256, -1.f, p, p, p, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "swiglu_limit") != NULL);
+  CHECK_STATUS(mok_gemm_gateup_fwd(&rows, 256, 256, 0.f, p + 1, p, p, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "16-byte aligned") != NULL);
+  CHECK_STATUS(mok_gemm_gateup_dgrad(&rows, 256, 256, p, p, NULL, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "w_up is NULL") != NULL);
+  CHECK_STATUS(mok_gemm_wgrad_gateup(&rows, 256, 256, p, p, (mokDtype_t)7, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "grad_dtype") != NULL);
+  CHECK_STATUS(mok_gemm_wgrad_down(&rows, 256, 256, p, p, mokDtypeBF16, NULL, 0), mokInvalidArgument);
+}
+
+/* ---- GPU: one whole forward + backward chain on a row layout ----------------------- */
+typedef struct gemm_case {
+  int E, H, I;
+  const int *counts; /* [E] rows of each expert */
+  float limit;
+  int sample_rows;   /* 0: check every row; else this many rows per expert (first, last, spread) */
+  int sample_wrows;  /* weight rows checked per expert and matrix (0 = all) */
+} gemm_case;
+
+typedef struct gemm_bufs {
+  int32_t *off, *cnt;
+  mokBf16 *x, *wg, *wu, *wd, *act, *gu, *y, *dy, *dgu, *dx;
+  void *dwg, *dwu, *dwd, *dwg2, *dwu2, *dwd2;
+  int *bad;
+} gemm_bufs;
+
+static void free_bufs(gemm_bufs *b) {
+  void **p = (void **)b;
+  for (size_t i = 0; i < sizeof *b / sizeof(void *); ++i)
+    if (p[i]) cudaFree(p[i]);
+  memset(b, 0, sizeof *b);
+}
+
+static char g_err[512];
+#define FAIL(...) (snprintf(g_err, sizeof g_err, __VA_ARGS__), g_err)
+#define TRY_CUDA(call)                                                                       \
+  do {                                                                                       \
+    cudaError_t e_ = (call);                                                                 \
+    if (e_ != cudaSuccess) return FAIL("%s:%d %s: %s", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+  } while (0)
+#define TRY_MOK(call)                                                                        \
+  do {                                                                                       \
+    mokResult_t r_ = (call);                                                                 \
+    if (r_ != mokSuccess) return FAIL("%s:%d %s: %s", __FILE__, __LINE__, #call, mokGetLastError()); \
+  } while (0)
+
+static const char *copy_down(void *dst, const void *src, size_t bytes) {
+  TRY_CUDA(cudaMemcpy(dst, src, bytes, cudaMemcpyDeviceToHost));
+  return NULL;
+}
+
+static const char *nan_scan(const char *what, const void *p, int64_t rows, int cols, int fp32, int *bad) {
+  TRY_MOK(mok_gemm_count_nan(p, rows, cols, fp32, bad, 0));
+  int h = 0;
+  TRY_CUDA(cudaMemcpy(&h, bad, sizeof h, cudaMemcpyDeviceToHost));
+  if (h) return FAIL("%s: %d elements unwritten (NaN poison left) or NaN", what, h);
+  return NULL;
+}
+
+/* Rows of expert e to check: all, or a spread sample including the first and last. */
+static int pick_rows(int count, int sample, int *out) {
+  if (sample == 0 || count <= sample) {
+    for (int i = 0; i < count; ++i) out[i] = i;
+    return count;
+  }
+  for (int i = 0; i < sample; ++i) out[i] = (int)((int64_t)i * (count - 1) / (sample - 1));
+  return sample;
+}
+
+static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b) {
+  const int E = c->E, H = c->H, I = c->I;
+  int32_t *off_h = (int32_t *)calloc((size_t)E + 1, sizeof(int32_t));
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (c->counts[e] + 63) / 64 * 64;
+  const int64_t used = off_h[E];
+  const int64_t cap = used + 128; /* room past the rows in use: those tiles must exit */
+  TRY_CUDA(cudaMalloc(&b->off, sizeof(int32_t) * (E + 1)));
+  TRY_CUDA(cudaMalloc(&b->cnt, sizeof(int32_t) * E));
+  TRY_CUDA(cudaMemcpy(b->off, off_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice));
+  TRY_CUDA(cudaMemcpy(b->cnt, c->counts, sizeof(int32_t) * E, cudaMemcpyHostToDevice));
+  const size_t wsz = (size_t)E * I * H;
+  TRY_CUDA(cudaMalloc(&b->x, cap * H * 2));
+  TRY_CUDA(cudaMalloc(&b->dy, cap * H * 2));
+  TRY_CUDA(cudaMalloc(&b->y, cap * H * 2));
+  TRY_CUDA(cudaMalloc(&b->dx, cap * H * 2));
+  TRY_CUDA(cudaMalloc(&b->act, cap * I * 2));
+  TRY_CUDA(cudaMalloc(&b->gu, cap * I * 4));
+  TRY_CUDA(cudaMalloc(&b->dgu, cap * I * 4));
+  TRY_CUDA(cudaMalloc(&b->wg, wsz * 2));
+  TRY_CUDA(cudaMalloc(&b->wu, wsz * 2));
+  TRY_CUDA(cudaMalloc(&b->wd, wsz * 2));
+  TRY_CUDA(cudaMalloc(&b->dwg, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->dwu, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->dwd, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->dwg2, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->dwu2, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->dwd2, wsz * 4));
+  TRY_CUDA(cudaMalloc(&b->bad, sizeof(int)));
+
+  TRY_MOK(mok_gemm_fill_rows(b->x, cap, H, seed + 1, 1.0f, E, b->off, b->cnt, 0));
+  TRY_MOK(mok_gemm_fill_rows(b->dy, cap, H, seed + 2, 1.0f, E, b->off, b->cnt, 0));
+  TRY_MOK(mok_gemm_fill_rows(b->wg, (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  TRY_MOK(mok_gemm_fill_rows(b->wu, (int64_t)E * I, H, seed + 4, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  TRY_MOK(mok_gemm_fill_rows(b->wd, (int64_t)E * H, I, seed + 5, 1.0f / sqrtf((float)I), 0, NULL, NULL, 0));
+  /* poison every output */
+  TRY_CUDA(cudaMemset(b->act, 0xFF, cap * I * 2));
+  TRY_CUDA(cudaMemset(b->gu, 0xFF, cap * I * 4));
+  TRY_CUDA(cudaMemset(b->y, 0xFF, cap * H * 2));
+  TRY_CUDA(cudaMemset(b->dgu, 0xFF, cap * I * 4));
+  TRY_CUDA(cudaMemset(b->dx, 0xFF, cap * H * 2));
+  TRY_CUDA(cudaMemset(b->dwg, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwu, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwd, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwg2, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwu2, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwd2, 0xFF, wsz * 4));
+
+  mokGemmRows_t rows = {E, cap, b->off};
+  TRY_MOK(mok_gemm_gateup_fwd(&rows, H, I, c->limit, b->x, b->wg, b->wu, b->act, b->gu, 0));
+  TRY_MOK(mok_gemm_down_fwd(&rows, H, I, b->act, b->wd, b->y, 0));
+  TRY_MOK(mok_gemm_down_dgrad(&rows, H, I, c->limit, b->dy, b->wd, b->gu, b->dgu, 0));
+  TRY_MOK(mok_gemm_gateup_dgrad(&rows, H, I, b->dgu, b->wg, b->wu, b->dx, 0));
+  /* bf16 weight grads twice (bitwise check), fp32 once */
+  TRY_MOK(mok_gemm_wgrad_gateup(&rows, H, I, b->dgu, b->x, mokDtypeBF16, b->dwg, b->dwu, 0));
+  TRY_MOK(mok_gemm_wgrad_down(&rows, H, I, b->dy, b->act, mokDtypeBF16, b->dwd, 0));
+  TRY_MOK(mok_gemm_wgrad_gateup(&rows, H, I, b->dgu, b->x, mokDtypeBF16, b->dwg2, b->dwu2, 0));
+  TRY_MOK(mok_gemm_wgrad_down(&rows, H, I, b->dy, b->act, mokDtypeBF16, b->dwd2, 0));
+  TRY_CUDA(cudaDeviceSynchronize());
+
+  const char *err;
+  if ((err = nan_scan("act", b->act, used, I, 0, b->bad))) return err;
+  if ((err = nan_scan("gu", b->gu, used, 2 * I, 0, b->bad))) return err;
+  if ((err = nan_scan("y", b->y, used, H, 0, b->bad))) return err;
+  if ((err = nan_scan("dgu", b->dgu, used, 2 * I, 0, b->bad))) return err;
+  if ((err = nan_scan("dx", b->dx, used, H, 0, b->bad))) return err;
+  if ((err = nan_scan("dW_gate bf16", b->dwg, (int64_t)E * I, H, 0, b->bad))) return err;
+  if ((err = nan_scan("dW_up bf16", b->dwu, (int64_t)E * I, H, 0, b->bad))) return err;
+  if ((err = nan_scan("dW_down bf16", b->dwd, (int64_t)E * H, I, 0, b->bad))) return err;
+
+  /* host copies */
+  const size_t nx = (size_t)used * H, na = (size_t)used * I;
+  uint16_t *hx = (uint16_t *)malloc(nx * 2 + 1), *hdy = (uint16_t *)malloc(nx * 2 + 1);
+  uint16_t *hy = (uint16_t *)malloc(nx * 2 + 1), *hdx = (uint16_t *)malloc(nx * 2 + 1);
+  uint16_t *hact = (uint16_t *)malloc(na * 2 + 1), *hgu = (uint16_t *)malloc(na * 4 + 1);
+  uint16_t *hdgu = (uint16_t *)malloc(na * 4 + 1);
+  uint16_t *hwg = (uint16_t *)malloc(wsz * 2), *hwu = (uint16_t *)malloc(wsz * 2), *hwd = (uint16_t *)malloc(wsz * 2);
+  uint16_t *hdwg = (uint16_t *)malloc(wsz * 2), *hdwu = (uint16_t *)malloc(wsz * 2), *hdwd = (uint16_t *)malloc(wsz * 2);
+  uint16_t *hdwg2 = (uint16_t *)malloc(wsz * 2), *hdwu2 = (uint16_t *)malloc(wsz * 2), *hdwd2 = (uint16_t *)malloc(wsz * 2);
+  if ((err = copy_down(hx, b->x, nx * 2)) || (err = copy_down(hdy, b->dy, nx * 2)) ||
+      (err = copy_down(hy, b->y, nx * 2)) || (err = copy_down(hdx, b->dx, nx * 2)) ||
+      (err = copy_down(hact, b->act, na * 2)) || (err = copy_down(hgu, b->gu, na * 4)) ||
+      (err = copy_down(hdgu, b->dgu, na * 4)) || (err = copy_down(hwg, b->wg, wsz * 2)) ||
+      (err = copy_down(hwu, b->wu, wsz * 2)) || (err = copy_down(hwd, b->wd, wsz * 2)) ||
+      (err = copy_down(hdwg, b->dwg, wsz * 2)) || (err = copy_down(hdwu, b->dwu, wsz * 2)) ||
+      (err = copy_down(hdwd, b->dwd, wsz * 2)) || (err = copy_down(hdwg2, b->dwg2, wsz * 2)) ||
+      (err = copy_down(hdwu2, b->dwu2, wsz * 2)) || (err = copy_down(hdwd2, b->dwd2, wsz * 2)))
+    return err;
+  if (memcmp(hdwg, hdwg2, wsz * 2) || memcmp(hdwu, hdwu2, wsz * 2) || memcmp(hdwd, hdwd2, wsz * 2))
+    return FAIL("weight gradients differ between two identical runs");
+
+  mokGemmErr_t e_g = {0}, e_u = {0}, e_a = {0}, e_y = {0}, e_dg = {0}, e_du = {0}, e_dx = {0};
+  mokGemmErr_t e_wg = {0}, e_wu = {0}, e_wd = {0}, e_pad = {0};
+  const int maxd = (H > 2 * I ? H : 2 * I);
+  double *r1 = (double *)malloc(sizeof(double) * maxd), *r2 = (double *)malloc(sizeof(double) * maxd),
+         *r3 = (double *)malloc(sizeof(double) * maxd);
+  int *pick = (int *)malloc(sizeof(int) * (size_t)(maxd + 70000));
+  for (int e = 0; e < E; ++e) {
+    const uint16_t *wg = hwg + (size_t)e * I * H, *wu = hwu + (size_t)e * I * H, *wd = hwd + (size_t)e * H * I;
+    const int n = pick_rows(c->counts[e], c->sample_rows, pick);
+    for (int k = 0; k < n; ++k) {
+      const int64_t r = off_h[e] + pick[k];
+      mok_ref_gateup_row(hx + r * H, wg, wu, H, I, c->limit, r1, r2, r3);
+      for (int i = 0; i < I; ++i) {
+        mok_gemm_err_add(&e_g, MOK_B2D(hgu[r * 2 * I + i]), r1[i]);
+        mok_gemm_err_add(&e_u, MOK_B2D(hgu[r * 2 * I + I + i]), r2[i]);
+        mok_gemm_err_add(&e_a, MOK_B2D(hact[r * I + i]), r3[i]);
+      }
+      mok_ref_down_row(hact + r * I, wd, H, I, r1);
+      for (int h = 0; h < H; ++h) mok_gemm_err_add(&e_y, MOK_B2D(hy[r * H + h]), r1[h]);
+      mok_ref_down_dgrad_row(hdy + r * H, wd, hgu + r * 2 * I, H, I, c->limit, r1, r2);
+      for (int i = 0; i < I; ++i) {
+        mok_gemm_err_add(&e_dg, MOK_B2D(hdgu[r * 2 * I + i]), r1[i]);
+        mok_gemm_err_add(&e_du, MOK_B2D(hdgu[r * 2 * I + I + i]), r2[i]);
+      }
+      mok_ref_gateup_dgrad_row(hdgu + r * 2 * I, wg, wu, H, I, r1);
+      for (int h = 0; h < H; ++h) mok_gemm_err_add(&e_dx, MOK_B2D(hdx[r * H + h]), r1[h]);
+    }
+    /* padding rows of every output must be exactly zero */
+    for (int64_t r = off_h[e] + c->counts[e]; r < off_h[e + 1]; ++r) {
+      for (int i = 0; i < 2 * I; ++i) mok_gemm_err_add(&e_pad, MOK_B2D(hgu[r * 2 * I + i]) + MOK_B2D(hdgu[r * 2 * I + i]), 0.0);
+      for (int h = 0; h < H; ++h) mok_gemm_err_add(&e_pad, MOK_B2D(hy[r * H + h]) + MOK_B2D(hdx[r * H + h]), 0.0);
+    }
+    /* weight gradients over this expert's rows (all of the segment: padding is zero) */
+    const int64_t seg = off_h[e + 1] - off_h[e];
+    const uint16_t *xe = hx + off_h[e] * H, *dye = hdy + off_h[e] * H;
+    const uint16_t *dgue = hdgu + off_h[e] * 2 * I, *acte = hact + off_h[e] * I;
+    const int nwi = pick_rows(I, c->sample_wrows, pick);
+    for (int k = 0; k < nwi; ++k) {
+      const int m = pick[k];
+      mok_ref_wgrad_row(dgue, 2 * I, m, xe, H, seg, r1);
+      mok_ref_wgrad_row(dgue, 2 * I, I + m, xe, H, seg, r2);
+      for (int h = 0; h < H; ++h) {
+        mok_gemm_err_add(&e_wg, MOK_B2D(hdwg[((size_t)e * I + m) * H + h]), r1[h]);
+        mok_gemm_err_add(&e_wu, MOK_B2D(hdwu[((size_t)e * I + m) * H + h]), r2[h]);
+      }
+    }
+    const int nwh = pick_rows(H, c->sample_wrows, pick);
+    for (int k = 0; k < nwh; ++k) {
+      const int m = pick[k];
+      mok_ref_wgrad_row(dye, H, m, acte, I, seg, r1);
+      for (int i = 0; i < I; ++i) mok_gemm_err_add(&e_wd, MOK_B2D(hdwd[((size_t)e * H + m) * I + i]), r1[i]);
+    }
+  }
+  free(r1); free(r2); free(r3); free(pick);
+  free(hx); free(hdy); free(hy); free(hdx); free(hact); free(hgu); free(hdgu);
+  free(hwg); free(hwu); free(hwd); free(hdwg); free(hdwu); free(hdwd); free(hdwg2); free(hdwu2); free(hdwd2);
+  free(off_h);
+
+  if (e_pad.diff2 != 0.0 || e_pad.nan) return FAIL("padding rows of an output are not zero");
+  struct { const char *name; mokGemmErr_t *e; } all[] = {
+      {"g", &e_g}, {"u", &e_u}, {"act", &e_a}, {"y", &e_y}, {"dg", &e_dg}, {"du", &e_du},
+      {"dx", &e_dx}, {"dW_gate", &e_wg}, {"dW_up", &e_wu}, {"dW_down", &e_wd}};
+  for (size_t i = 0; i < sizeof all / sizeof all[0]; ++i) {
+    const double rel = mok_gemm_err_rel(all[i].e);
+    /* an all-zero reference (no rows at all) must give exact zeros */
+    if (!(rel < 1e-2)) return FAIL("%s: relative L2 error %.3g >= 1e-2 (E=%d H=%d I=%d)", all[i].name, rel, E, H, I);
+  }
+
+  /* fp32 weight gradients: same rows, compare with the bf16 ones (both against fp32 sums) */
+  TRY_CUDA(cudaMemset(b->dwg, 0xFF, wsz * 4));
+  TRY_CUDA(cudaMemset(b->dwd, 0xFF, wsz * 4));
+  TRY_MOK(mok_gemm_wgrad_gateup(&rows, H, I, b->dgu, b->x, mokDtypeFP32, b->dwg, b->dwu, 0));
+  TRY_MOK(mok_gemm_wgrad_down(&rows, H, I, b->dy, b->act, mokDtypeFP32, b->dwd, 0));
+  TRY_CUDA(cudaDeviceSynchronize());
+  if ((err = nan_scan("dW_gate fp32", b->dwg, (int64_t)E * I, H, 1, b->bad))) return err;
+  if ((err = nan_scan("dW_up fp32", b->dwu, (int64_t)E * I, H, 1, b->bad))) return err;
+  if ((err = nan_scan("dW_down fp32", b->dwd, (int64_t)E * H, I, 1, b->bad))) return err;
+  {
+    float *f = (float *)malloc(wsz * 4);
+    uint16_t *h16 = (uint16_t *)malloc(wsz * 2);
+    TRY_CUDA(cudaMemcpy(f, b->dwd, wsz * 4, cudaMemcpyDeviceToHost));
+    TRY_CUDA(cudaMemcpy(h16, b->dwd2, wsz * 2, cudaMemcpyDeviceToHost));
+    /* the bf16 output must be exactly the fp32 output rounded once */
+    size_t mism = 0;
+    for (size_t i = 0; i < wsz; ++i) mism += mok_f32_to_bf16(f[i]) != h16[i];
+    free(f);
+    free(h16);
+    if (mism) return FAIL("dW_down: %zu bf16 elements are not the rounded fp32 result", mism);
+  }
+  return NULL;
+}
+
+static const char *run_case(const gemm_case *c, uint64_t seed) {
+  gemm_bufs b;
+  memset(&b, 0, sizeof b);
+  const char *err = run_case_impl(c, seed, &b);
+  free_bufs(&b);
+  return err;
+}
+
+MOK_GPU_TEST(gemm_gpu_awkward_rows, 1) {
+  /* empty expert, one row, rows not a multiple of the tile (or of 64), I and H not
+   * multiples of the tile width */
+  static const int counts[5] = {0, 1, 130, 77, 64};
+  gemm_case c = {5, 320, 192, counts, 0.0f, 0, 0};
+  const char *err = run_case(&c, test_seed());
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+MOK_GPU_TEST(gemm_gpu_clamp_hot_expert, 1) {
+  /* one hot expert holds every row; SwiGLU clamp L = 1 cuts many g and u */
+  static const int counts[3] = {0, 1500, 0};
+  gemm_case c = {3, 256, 128, counts, 1.0f, 40, 0};
+  const char *err = run_case(&c, test_seed() ^ 0x1234);
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+MOK_GPU_TEST(gemm_gpu_one_expert, 1) {
+  static const int counts[1] = {200};
+  gemm_case c = {1, 2880, 256, counts, 0.0f, 24, 64}; /* H = 2880: 192-wide tiles, half M tile */
+  const char *err = run_case(&c, test_seed() ^ 0x777);
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+MOK_GPU_TEST(gemm_gpu_inter_2880, 1) {
+  static const int counts[2] = {70, 203};
+  gemm_case c = {2, 512, 2880, counts, 7.0f, 12, 48}; /* gpt-oss I, clamp 7 as gpt-oss */
+  const char *err = run_case(&c, test_seed() ^ 0x2880);
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+MOK_GPU_TEST(gemm_gpu_many_experts, 1) {
+  /* more experts than one warp scans in one step, uneven, several empty */
+  int counts[100];
+  for (int e = 0; e < 100; ++e) counts[e] = (e % 7 == 3) ? 0 : (e * 37) % 150 + 1;
+  gemm_case c = {100, 256, 128, counts, 0.0f, 3, 16};
+  const char *err = run_case(&c, test_seed() ^ 0x100);
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+/* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */
+/* Row-grouped tiles of a persistent CTA (host mirror of gemm_sched_init /
+ * gemm_decode_tile): how many times a CTA runs a 64-row tail tile right after a full
+ * one. There the idle warpgroup used to leave three of its warps behind the ring. */
+static int full_then_tail(int E, const int32_t *off, int n_tiles, int grid) {
+  int total = 0, count = 0;
+  for (int e = 0; e < E; ++e) total += (off[e + 1] - off[e] + 127) / 128 * n_tiles;
+  for (int b = 0; b < grid; ++b) {
+    int prev_full = 0;
+    for (int t = b; t < total; t += grid) {
+      int e = 0, r = t;
+      for (;; ++e) {
+        const int n = (off[e + 1] - off[e] + 127) / 128 * n_tiles;
+        if (r < n) break;
+        r -= n;
+      }
+      const int mt = (off[e + 1] - off[e] + 127) / 128, m0 = off[e] + (r % mt) * 128;
+      const int tail = m0 + 64 >= off[e + 1];
+      count += prev_full && tail;
+      prev_full = !tail;
+    }
+  }
+  return count;
+}
+
+MOK_GPU_TEST(gemm_gpu_dgrad_down_zipf_tails, 1) {
+  /* The layout that hung mok_gemm_down_dgrad on the H200 (mok bench gemm --model
+   * kimi-k2.7-code --rows-per-expert 64 --routing zipf:1.2): kimi shape (48 local
+   * experts, H 7168, I 2048), 3072 rows split as 1/(e+1)^1.2, each segment padded to 64:
+   * one hot expert of 960 rows, most others a single 64-row tail tile, so CTAs run tail
+   * tiles right after full ones. The hang was a race (warps of the idle warpgroup left
+   * a ring phase behind while still in the previous tile's gu-reading epilogue), so the
+   * layout runs kIters times on its own stream, and the test polls that stream for at
+   * most kLimitS seconds instead of synchronising: a hung kernel fails this test and
+   * ends the run here (nothing after it could use the GPU, cudaFree included). */
+  enum { E = 48, H = 7168, I = 2048, kIters = 64 };
+  const double kLimitS = 10.0;
+  int counts[E];
+  int32_t off_h[E + 1];
+  {
+    const int64_t total = 64 * E;
+    double norm = 0;
+    for (int e = 0; e < E; ++e) norm += pow(e + 1.0, -1.2);
+    int64_t given = 0;
+    for (int e = 0; e < E; ++e) given += counts[e] = (int)floor(total * pow(e + 1.0, -1.2) / norm);
+    for (int e = 0; given < total; e = (e + 1) % E, ++given) counts[e]++;
+    off_h[0] = 0;
+    for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  }
+  const int64_t cap = off_h[E]; /* as the bench: capacity = rows in use (5056) */
+  mokGemmTileShape_t ts;
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownDgrad, H, I, &ts));
+  int dev = 0, sms = 0;
+  CHECK(cudaGetDevice(&dev) == cudaSuccess);
+  CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev) == cudaSuccess);
+  const int n_tiles = I / ts.out_cols;
+  const int64_t bound = cap / 64 * n_tiles;
+  const int transitions = full_then_tail(E, off_h, n_tiles, (int)(bound < sms ? bound : sms));
+  CHECK_MSG(transitions > 0, "layout has no full tile followed by a tail tile on %d SMs: not the failing case", sms);
+
+  int32_t *off = NULL, *cnt = NULL;
+  mokBf16 *dy = NULL, *wd = NULL, *gu = NULL, *dgu = NULL;
+  int *bad = NULL;
+  cudaStream_t s = NULL;
+  const size_t wsz = (size_t)E * H * I;
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&cnt, sizeof counts) == cudaSuccess);
+  CHECK(cudaMalloc(&dy, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wd, wsz * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&gu, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&dgu, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&bad, sizeof(int)) == cudaSuccess);
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(cnt, counts, sizeof counts, cudaMemcpyHostToDevice) == cudaSuccess);
+  const uint64_t seed = test_seed() ^ 0x21bf;
+  CHECK_OK(mok_gemm_fill_rows(dy, cap, H, seed + 1, 1.0f, E, off, cnt, s));
+  CHECK_OK(mok_gemm_fill_rows(gu, cap, 2 * I, seed + 2, 1.0f, E, off, cnt, s));
+  CHECK_OK(mok_gemm_fill_rows(wd, (int64_t)E * H, I, seed + 3, 1.0f / sqrtf((float)I), 0, NULL, NULL, s));
+  CHECK(cudaMemsetAsync(dgu, 0xFF, (size_t)cap * I * 4, s) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+
+  const mokGemmRows_t rows = {E, cap, off};
+  for (int it = 0; it < kIters; ++it) CHECK_OK(mok_gemm_down_dgrad(&rows, H, I, 0.0f, dy, wd, gu, dgu, s));
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cudaError_t q;
+  double waited = 0;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    waited = (double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec);
+    if (waited > kLimitS) {
+      printf("FAIL  %-52s  mok_gemm_down_dgrad has not finished %d launches after %.0f s (kimi Zipf "
+             "layout, %d full->tail tile transitions over %d CTAs): the kernel hung. Ending the test run "
+             "here: the GPU stays busy with it until this process exits.\n",
+             "gemm_gpu_dgrad_down_zipf_tails", kIters, kLimitS, transitions, sms);
+      fflush(stdout);
+      _Exit(1);
+    }
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  CHECK_MSG(q == cudaSuccess, "mok_gemm_down_dgrad x%d: %s", kIters, cudaGetErrorString(q));
+
+  /* written everywhere, and right on a row of a full tile (expert 0, row 0), of a tail
+   * tile after full ones (expert 1: 407 rows, the last 23 in a tail tile) and of a
+   * tail-only expert (E - 1: 8 rows) */
+  int h = 0;
+  CHECK_OK(mok_gemm_count_nan(dgu, cap, 2 * I, 0, bad, s));
+  CHECK(cudaMemcpyAsync(&h, bad, sizeof h, cudaMemcpyDeviceToHost, s) == cudaSuccess);
+  CHECK(cudaStreamSynchronize(s) == cudaSuccess);
+  CHECK_MSG(h == 0, "dgu: %d elements unwritten (NaN poison left) or NaN", h);
+  static const int check_e[3] = {0, 1, E - 1};
+  uint16_t *w = (uint16_t *)malloc((size_t)H * I * 2), *ry = (uint16_t *)malloc((size_t)H * 2);
+  uint16_t *rg = (uint16_t *)malloc((size_t)I * 4), *ro = (uint16_t *)malloc((size_t)I * 4);
+  double *dg = (double *)malloc(sizeof(double) * I), *du = (double *)malloc(sizeof(double) * I);
+  mokGemmErr_t err = {0, 0, 0};
+  const char *fail = NULL;
+  for (int k = 0; k < 3 && !fail; ++k) {
+    const int e = check_e[k];
+    const int64_t r = off_h[e] + (e == 0 ? 0 : counts[e] - 1);
+    if (cudaMemcpy(w, wd + (size_t)e * H * I, (size_t)H * I * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(ry, dy + r * H, (size_t)H * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(rg, gu + r * 2 * I, (size_t)I * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+        cudaMemcpy(ro, dgu + r * 2 * I, (size_t)I * 4, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      fail = "cudaMemcpy of a checked row failed";
+      break;
+    }
+    mok_ref_down_dgrad_row(ry, w, rg, H, I, 0.0, dg, du);
+    for (int i = 0; i < I; ++i) {
+      mok_gemm_err_add(&err, MOK_B2D(ro[i]), dg[i]);
+      mok_gemm_err_add(&err, MOK_B2D(ro[I + i]), du[i]);
+    }
+  }
+  free(w); free(ry); free(rg); free(ro); free(dg); free(du);
+  cudaStreamDestroy(s);
+  cudaFree(off); cudaFree(cnt); cudaFree(dy); cudaFree(wd); cudaFree(gu); cudaFree(dgu); cudaFree(bad);
+  CHECK_MSG(fail == NULL, "%s", fail);
+  const double rel = mok_gemm_err_rel(&err);
+  CHECK_MSG(rel < 1e-2, "dg, du: relative L2 error %.3g >= 1e-2 on sampled rows", rel);
+}

@@ -1,0 +1,527 @@
+/*
+ * bench_gemm.cu — `mok bench gemm`: TFLOP/s of each grouped expert GEMM kind of
+ * src/gemm.cu beside cuBLAS strided-batched GEMMs doing the same balanced work, in the
+ * same run, on one GPU.
+ *
+ *   mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]
+ *                  [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]
+ *                  [--iters N] [--json FILE]
+ *
+ * Rows: E_l local experts (default: the model's E / 8, the local experts of 8 GPUs);
+ * R rows each (default: the published per-expert load of the model, else 512), or the
+ * same total rows split over experts in proportion to 1/(e+1)^S (zipf:S); each segment
+ * padded to 64 rows. Inputs are random (never zeros), padding rows zero.
+ * Formulas: FLOP = 2 * rows * N * K of the GEMM (rows = routed rows, padding not
+ * counted; gate+up N = 2I); TFLOP/s = FLOP / median time; HBM GB/s = (weights or
+ * weight gradients once + activation rows read and written once) / median time.
+ * cuBLAS: cublasGemmStridedBatchedEx, bf16 in, fp32 compute, E_l batches of
+ * total_rows / E_l rows (gate+up on a stacked [E_l, 2I, H] copy of the weights; its
+ * SwiGLU pass is not counted). err: relative L2 error against float64 on sampled rows
+ * (first and last row of three experts; three weight rows of three experts).
+ * Exit status: 0 ok, 1 a wrong result or a failed call, 2 bad usage. MOK_BENCH_VERBOSE=1
+ * prints each stage (run, check) to stderr, to locate a hang.
+ */
+#include <cublas_v2.h>
+#include <cuda_runtime.h>
+#include <math.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#include "cli.h"
+#include "gemm.h"
+#include "gemm_check.h"
+
+typedef struct model_shape {
+  const char *name;
+  int E, H, I, k, I_s;
+  int rows; /* published per-expert load at EP8, T = 2048 (0: none published) */
+} model_shape;
+
+/* DESIGN.md section 6 */
+static const model_shape kModels[] = {
+    {"kimi-k2.7-code", 384, 7168, 2048, 8, 2048, 341},
+    {"glm-5.2", 256, 6144, 2048, 8, 2048, 512},
+    {"qwen3.5-397b-a17b", 512, 4096, 1024, 10, 1024, 320},
+    {"deepseek-v4-pro", 384, 7168, 3072, 6, 3072, 256},
+    {"deepseek-v3", 256, 7168, 2048, 8, 2048, 0},
+    {"qwen3-30b-a3b", 128, 2048, 768, 8, 0, 0},
+    {"gpt-oss-120b", 128, 2880, 2880, 4, 0, 0},
+};
+
+#define BCUDA(call)                                                                      \
+  do {                                                                                   \
+    cudaError_t e_ = (call);                                                             \
+    if (e_ != cudaSuccess) {                                                             \
+      fprintf(stderr, "bench gemm: %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+#define BMOK(call)                                                                       \
+  do {                                                                                   \
+    mokResult_t r_ = (call);                                                             \
+    if (r_ != mokSuccess) {                                                              \
+      fprintf(stderr, "bench gemm: %s: %s\n", #call, mokGetLastError());                 \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+#define BCUBLAS(call)                                                                    \
+  do {                                                                                   \
+    cublasStatus_t s_ = (call);                                                          \
+    if (s_ != CUBLAS_STATUS_SUCCESS) {                                                   \
+      fprintf(stderr, "bench gemm: %s:%d %s: cublas status %d\n", __FILE__, __LINE__, #call, (int)s_); \
+      return 1;                                                                          \
+    }                                                                                    \
+  } while (0)
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]\n"
+          "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
+          "                      [--iters N] [--json FILE]\nmodels:");
+  for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
+  fprintf(stderr, "\n");
+}
+
+/* ---- state --------------------------------------------------------------------------- */
+typedef struct bench {
+  int E, H, I;
+  float limit;
+  int iters;
+  int64_t rows_real, rows_used, cap;
+  int32_t *off_h, *cnt_h;
+  int rows_bal; /* cuBLAS rows per expert */
+  int64_t seg_bal;
+  mokGemmRows_t rows;
+  int32_t *off, *cnt;
+  mokBf16 *x, *wg, *wu, *wd, *act, *gu, *y, *dy, *dgu, *dx, *wgu_cub, *cub_out;
+  void *dw0, *dw1, *dw2, *cub_dw;
+  int *bad;
+  cublasHandle_t cub;
+  cudaEvent_t ev0, ev1;
+  int wrong;
+  FILE *json;
+  int json_first;
+  char shape[128];
+} bench;
+
+static int cmp_float(const void *a, const void *b) {
+  float x = *(const float *)a, y = *(const float *)b;
+  return x < y ? -1 : x > y;
+}
+
+typedef int (*run_fn)(bench *b, void *ctx);
+
+/* median ms of `iters` runs after 3 warm-ups; -1 on failure */
+static float time_it(bench *b, run_fn fn, void *ctx) {
+  float *t = (float *)malloc(sizeof(float) * b->iters);
+  for (int i = 0; i < 3; ++i)
+    if (fn(b, ctx)) return -1.f;
+  for (int i = 0; i < b->iters; ++i) {
+    cudaEventRecord(b->ev0, 0);
+    if (fn(b, ctx)) return -1.f;
+    cudaEventRecord(b->ev1, 0);
+    cudaEventSynchronize(b->ev1);
+    cudaEventElapsedTime(&t[i], b->ev0, b->ev1);
+  }
+  if (cudaGetLastError() != cudaSuccess) return -1.f;
+  qsort(t, b->iters, sizeof(float), cmp_float);
+  float m = t[b->iters / 2];
+  free(t);
+  return m;
+}
+
+/* ---- the GEMM calls -------------------------------------------------------------------- */
+enum { K_GATEUP, K_DOWN, K_DDOWN, K_DGATEUP, K_WGATEUP, K_WDOWN, K_WGATEUP32, K_WDOWN32, K_N };
+static const char *kKindName[K_N] = {"gateup+swiglu", "down", "dgrad down+swiglu'", "dgrad gate+up",
+                                     "wgrad gate+up bf16", "wgrad down bf16", "wgrad gate+up fp32",
+                                     "wgrad down fp32"};
+
+static int run_ours(bench *b, void *ctx) {
+  const int k = (int)(intptr_t)ctx;
+  mokResult_t r = mokSuccess;
+  switch (k) {
+    case K_GATEUP: r = mok_gemm_gateup_fwd(&b->rows, b->H, b->I, b->limit, b->x, b->wg, b->wu, b->act, b->gu, 0); break;
+    case K_DOWN: r = mok_gemm_down_fwd(&b->rows, b->H, b->I, b->act, b->wd, b->y, 0); break;
+    case K_DDOWN: r = mok_gemm_down_dgrad(&b->rows, b->H, b->I, b->limit, b->dy, b->wd, b->gu, b->dgu, 0); break;
+    case K_DGATEUP: r = mok_gemm_gateup_dgrad(&b->rows, b->H, b->I, b->dgu, b->wg, b->wu, b->dx, 0); break;
+    case K_WGATEUP: r = mok_gemm_wgrad_gateup(&b->rows, b->H, b->I, b->dgu, b->x, mokDtypeBF16, b->dw0, b->dw1, 0); break;
+    case K_WDOWN: r = mok_gemm_wgrad_down(&b->rows, b->H, b->I, b->dy, b->act, mokDtypeBF16, b->dw2, 0); break;
+    case K_WGATEUP32: r = mok_gemm_wgrad_gateup(&b->rows, b->H, b->I, b->dgu, b->x, mokDtypeFP32, b->dw0, b->dw1, 0); break;
+    case K_WDOWN32: r = mok_gemm_wgrad_down(&b->rows, b->H, b->I, b->dy, b->act, mokDtypeFP32, b->dw2, 0); break;
+  }
+  if (r != mokSuccess) {
+    fprintf(stderr, "bench gemm: %s: %s\n", kKindName[k], mokGetLastError());
+    return 1;
+  }
+  return 0;
+}
+
+/* Row-major C[R, N] = A[R, K] * op(B) mapped to column-major cuBLAS (see each case). */
+static int run_cublas(bench *b, void *ctx) {
+  const int k = (int)(intptr_t)ctx;
+  const float one = 1.f, zero = 0.f;
+  const int E = b->E, H = b->H, I = b->I, R = b->rows_bal;
+  const long long sr = b->seg_bal; /* row stride between experts */
+  const cudaDataType bf = CUDA_R_16BF;
+  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+  switch (k) {
+    case K_GATEUP: /* gu[R, 2I] = x[R, H] Wgu[2I, H]^T: col-major gu^T = Wgu^T(T) x^T */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, R, H, &one, b->wgu_cub, bf, H,
+                                     2LL * I * H, b->x, bf, H, sr * H, &zero, b->cub_out, bf, 2 * I, sr * 2 * I, E,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      break;
+    case K_DOWN: /* y[R, H] = act[R, I] Wd[H, I]^T */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_T, CUBLAS_OP_N, H, R, I, &one, b->wd, bf, I, (long long)H * I,
+                                     b->act, bf, I, sr * I, &zero, b->cub_out, bf, H, sr * H, E, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+      break;
+    case K_DDOWN: /* da[R, I] = dy[R, H] Wd[H, I] */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_N, I, R, H, &one, b->wd, bf, I, (long long)H * I,
+                                     b->dy, bf, H, sr * H, &zero, b->cub_out, bf, I, sr * I, E, CUBLAS_COMPUTE_32F,
+                                     CUBLAS_GEMM_DEFAULT);
+      break;
+    case K_DGATEUP: /* dx[R, H] = dgu[R, 2I] Wgu[2I, H] */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_N, H, R, 2 * I, &one, b->wgu_cub, bf, H,
+                                     2LL * I * H, b->dgu, bf, 2 * I, sr * 2 * I, &zero, b->cub_out, bf, H, sr * H, E,
+                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      break;
+    case K_WGATEUP:
+    case K_WGATEUP32: /* dWgu[2I, H] = dgu[R, 2I]^T x[R, H]: col-major dWgu^T = x^T(N) dgu(T) */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_T, H, 2 * I, R, &one, b->x, bf, H, sr * H, b->dgu,
+                                     bf, 2 * I, sr * 2 * I, &zero, b->cub_dw, k == K_WGATEUP ? bf : CUDA_R_32F, H,
+                                     2LL * I * H, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      break;
+    case K_WDOWN:
+    case K_WDOWN32: /* dWd[H, I] = dy[R, H]^T act[R, I] */
+      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_T, I, H, R, &one, b->act, bf, I, sr * I, b->dy,
+                                     bf, H, sr * H, &zero, b->cub_dw, k == K_WDOWN ? bf : CUDA_R_32F, I,
+                                     (long long)H * I, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      break;
+  }
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "bench gemm: cuBLAS %s: status %d\n", kKindName[k], (int)s);
+    return 1;
+  }
+  return 0;
+}
+
+/* ---- correctness on sampled rows -------------------------------------------------------- */
+static int copy_rows(uint16_t *dst, const mokBf16 *src, int64_t row, int64_t n, int cols) {
+  BCUDA(cudaMemcpy(dst, src + row * cols, (size_t)n * cols * 2, cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+/* Relative error of kind k on sampled rows; +inf on NaN or unwritten output. */
+static double check_kind(bench *b, int k) {
+  const int E = b->E, H = b->H, I = b->I;
+  const int experts[3] = {0, E / 2, E - 1};
+  mokGemmErr_t err = {0, 0, 0};
+  const size_t wsz = (size_t)I * H;
+  uint16_t *w0 = (uint16_t *)malloc(wsz * 2), *w1 = (uint16_t *)malloc(wsz * 2);
+  const int maxd = H > 2 * I ? H : 2 * I;
+  uint16_t *r_in = (uint16_t *)malloc((size_t)maxd * 2), *r_aux = (uint16_t *)malloc((size_t)maxd * 2),
+           *r_out = (uint16_t *)malloc((size_t)maxd * 4);
+  double *d1 = (double *)malloc(sizeof(double) * maxd), *d2 = (double *)malloc(sizeof(double) * maxd),
+         *d3 = (double *)malloc(sizeof(double) * maxd);
+  int fail = 0;
+  for (int xi = 0; xi < 3 && !fail; ++xi) {
+    const int e = experts[xi];
+    if (xi > 0 && e == experts[xi - 1]) continue;
+    const int64_t o = b->off_h[e], n = b->cnt_h[e], seg = b->off_h[e + 1] - b->off_h[e];
+    if (k <= K_DGATEUP) {
+      if (n == 0) continue;
+      /* weights of expert e */
+      if (k == K_GATEUP || k == K_DGATEUP) {
+        fail |= copy_rows(w0, b->wg, (int64_t)e * I, I, H);
+        fail |= copy_rows(w1, b->wu, (int64_t)e * I, I, H);
+      } else {
+        fail |= copy_rows(w0, b->wd, (int64_t)e * H, H, I);
+      }
+      const int64_t pick[2] = {o, o + n - 1};
+      for (int pi = 0; pi < 2 && !fail; ++pi) {
+        const int64_t r = pick[pi];
+        if (pi == 1 && n == 1) break;
+        if (k == K_GATEUP) {
+          fail |= copy_rows(r_in, b->x, r, 1, H) | copy_rows(r_out, b->gu, r, 1, 2 * I) |
+                  copy_rows(r_aux, b->act, r, 1, I);
+          mok_ref_gateup_row(r_in, w0, w1, H, I, b->limit, d1, d2, d3);
+          for (int i = 0; i < I; ++i) {
+            mok_gemm_err_add(&err, MOK_B2D(r_out[i]), d1[i]);
+            mok_gemm_err_add(&err, MOK_B2D(r_out[I + i]), d2[i]);
+            mok_gemm_err_add(&err, MOK_B2D(r_aux[i]), d3[i]);
+          }
+        } else if (k == K_DOWN) {
+          fail |= copy_rows(r_in, b->act, r, 1, I) | copy_rows(r_out, b->y, r, 1, H);
+          mok_ref_down_row(r_in, w0, H, I, d1);
+          for (int h = 0; h < H; ++h) mok_gemm_err_add(&err, MOK_B2D(r_out[h]), d1[h]);
+        } else if (k == K_DDOWN) {
+          fail |= copy_rows(r_in, b->dy, r, 1, H) | copy_rows(r_aux, b->gu, r, 1, 2 * I) |
+                  copy_rows(r_out, b->dgu, r, 1, 2 * I);
+          mok_ref_down_dgrad_row(r_in, w0, r_aux, H, I, b->limit, d1, d2);
+          for (int i = 0; i < I; ++i) {
+            mok_gemm_err_add(&err, MOK_B2D(r_out[i]), d1[i]);
+            mok_gemm_err_add(&err, MOK_B2D(r_out[I + i]), d2[i]);
+          }
+        } else {
+          fail |= copy_rows(r_in, b->dgu, r, 1, 2 * I) | copy_rows(r_out, b->dx, r, 1, H);
+          mok_ref_gateup_dgrad_row(r_in, w0, w1, H, I, d1);
+          for (int h = 0; h < H; ++h) mok_gemm_err_add(&err, MOK_B2D(r_out[h]), d1[h]);
+        }
+      }
+    } else {
+      const int fp32 = k == K_WGATEUP32 || k == K_WDOWN32;
+      const int gate = k == K_WGATEUP || k == K_WGATEUP32;
+      const int lda = gate ? 2 * I : H, N = gate ? H : I, M = gate ? 2 * I : H;
+      uint16_t *A = (uint16_t *)malloc((size_t)(seg ? seg : 1) * lda * 2);
+      uint16_t *B = (uint16_t *)malloc((size_t)(seg ? seg : 1) * N * 2);
+      if (seg) {
+        fail |= copy_rows(A, gate ? b->dgu : b->dy, o, seg, lda);
+        fail |= copy_rows(B, gate ? b->x : b->act, o, seg, N);
+      }
+      const int ms[3] = {0, M / 2 + 1, M - 1};
+      for (int mi = 0; mi < 3 && !fail; ++mi) {
+        const int m = ms[mi];
+        mok_ref_wgrad_row(A, lda, m, B, N, seg, d1);
+        const void *base;
+        size_t idx;
+        if (gate) {
+          base = m < I ? b->dw0 : b->dw1;
+          idx = ((size_t)e * I + (m < I ? m : m - I)) * N;
+        } else {
+          base = b->dw2;
+          idx = ((size_t)e * H + m) * N;
+        }
+        if (cudaMemcpy(r_out, (const char *)base + idx * (fp32 ? 4 : 2), (size_t)N * (fp32 ? 4 : 2),
+                       cudaMemcpyDeviceToHost) != cudaSuccess)
+          fail = 1;
+        for (int nn = 0; nn < N; ++nn)
+          mok_gemm_err_add(&err, fp32 ? (double)((float *)r_out)[nn] : MOK_B2D(r_out[nn]), d1[nn]);
+      }
+      free(A);
+      free(B);
+    }
+  }
+  free(w0); free(w1); free(r_in); free(r_aux); free(r_out); free(d1); free(d2); free(d3);
+  return fail ? INFINITY : mok_gemm_err_rel(&err);
+}
+
+/* NaN scan of the output of kind k over every row in use. */
+static int nan_count(bench *b, int k) {
+  const int64_t used = b->rows_used, E = b->E;
+  int h = 0, total = 0;
+  struct { const void *p; int64_t rows; int cols; int fp32; } o[3];
+  int n = 0;
+  switch (k) {
+    case K_GATEUP: o[n++] = {b->act, used, b->I, 0}; o[n++] = {b->gu, used, 2 * b->I, 0}; break;
+    case K_DOWN: o[n++] = {b->y, used, b->H, 0}; break;
+    case K_DDOWN: o[n++] = {b->dgu, used, 2 * b->I, 0}; break;
+    case K_DGATEUP: o[n++] = {b->dx, used, b->H, 0}; break;
+    case K_WGATEUP: case K_WGATEUP32:
+      o[n++] = {b->dw0, E * b->I, b->H, k == K_WGATEUP32}; o[n++] = {b->dw1, E * b->I, b->H, k == K_WGATEUP32}; break;
+    default: o[n++] = {b->dw2, E * b->H, b->I, k == K_WDOWN32}; break;
+  }
+  for (int i = 0; i < n; ++i) {
+    if (mok_gemm_count_nan(o[i].p, o[i].rows, o[i].cols, o[i].fp32, b->bad, 0) != mokSuccess) return -1;
+    if (cudaMemcpy(&h, b->bad, sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) return -1;
+    total += h;
+  }
+  return total;
+}
+
+static void poison(bench *b, int k) {
+  const size_t used = (size_t)b->rows_used, wsz = (size_t)b->E * b->I * b->H;
+  switch (k) {
+    case K_GATEUP: cudaMemset(b->act, 0xFF, used * b->I * 2); cudaMemset(b->gu, 0xFF, used * b->I * 4); break;
+    case K_DOWN: cudaMemset(b->y, 0xFF, used * b->H * 2); break;
+    case K_DDOWN: cudaMemset(b->dgu, 0xFF, used * b->I * 4); break;
+    case K_DGATEUP: cudaMemset(b->dx, 0xFF, used * b->H * 2); break;
+    default: cudaMemset(b->dw0, 0xFF, wsz * 4); cudaMemset(b->dw1, 0xFF, wsz * 4); cudaMemset(b->dw2, 0xFF, wsz * 4);
+  }
+}
+
+static int bench_kind(bench *b, int k) {
+  const double E = b->E, H = b->H, I = b->I, R = (double)b->rows_real, U = (double)b->rows_used;
+  double flop = 0, bytes = 0;
+  const double W = E * H * I * 2; /* one weight matrix, bf16 */
+  switch (k) {
+    case K_GATEUP: flop = 2 * R * 2 * I * H; bytes = 2 * W + U * H * 2 + U * I * 2 * 3; break;
+    case K_DOWN: flop = 2 * R * H * I; bytes = W + U * I * 2 + U * H * 2; break;
+    case K_DDOWN: flop = 2 * R * I * H; bytes = W + U * H * 2 + U * I * 4 * 2; break;
+    case K_DGATEUP: flop = 2 * R * H * 2 * I; bytes = 2 * W + U * I * 4 + U * H * 2; break;
+    case K_WGATEUP: flop = 2 * R * 2 * I * H; bytes = 2 * W + U * I * 4 + U * H * 2; break;
+    case K_WDOWN: flop = 2 * R * H * I; bytes = W + U * H * 2 + U * I * 2; break;
+    case K_WGATEUP32: flop = 2 * R * 2 * I * H; bytes = 4 * W + U * I * 4 + U * H * 2; break;
+    case K_WDOWN32: flop = 2 * R * H * I; bytes = 2 * W + U * H * 2 + U * I * 2; break;
+  }
+  poison(b, k);
+  if (getenv("MOK_BENCH_VERBOSE")) fprintf(stderr, "[%s: run]\n", kKindName[k]);
+  if (run_ours(b, (void *)(intptr_t)k)) return 1;
+  BCUDA(cudaDeviceSynchronize());
+  if (getenv("MOK_BENCH_VERBOSE")) fprintf(stderr, "[%s: check]\n", kKindName[k]);
+  const int nans = nan_count(b, k);
+  const double rel = nans ? INFINITY : check_kind(b, k);
+  const int ok = rel < 1e-2;
+  if (!ok) b->wrong = 1;
+  const float ms = time_it(b, run_ours, (void *)(intptr_t)k);
+  const float cms = time_it(b, run_cublas, (void *)(intptr_t)k);
+  if (ms < 0 || cms < 0) return 1;
+  /* cuBLAS does the same useful work on balanced rows: rows_bal * E (== R when balanced) */
+  const double cflop = flop / R * ((double)b->rows_bal * E);
+  const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
+  printf("%-20s %-24s %8.3f %8.1f %8.3f %8.1f %6.3f %8.0f %9.2e%s\n", kKindName[k], b->shape, ms, tf, cms, ctf,
+         tf / ctf, bytes / (ms * 1e-3) / 1e9, rel, ok ? "" : (nans ? "  UNWRITTEN/NaN" : "  WRONG"));
+  if (b->json) {
+    fprintf(b->json,
+            "%s\n  {\"kind\": \"%s\", \"experts\": %d, \"hidden\": %d, \"inter\": %d, \"rows\": %lld, "
+            "\"rows_used\": %lld, \"ms\": %.5f, \"tflops\": %.2f, \"cublas_ms\": %.5f, \"cublas_tflops\": %.2f, "
+            "\"ratio\": %.4f, \"hbm_gbs\": %.1f, \"rel_err\": %.3e, \"ok\": %s}",
+            b->json_first ? "" : ",", kKindName[k], b->E, b->H, b->I, (long long)b->rows_real,
+            (long long)b->rows_used, ms, tf, cms, ctf, tf / ctf, bytes / (ms * 1e-3) / 1e9, isfinite(rel) ? rel : -1.0,
+            ok ? "true" : "false");
+    b->json_first = 0;
+  }
+  return 0;
+}
+
+/* ---- main ----------------------------------------------------------------------------- */
+static int bench_main(int argc, char **argv, bench *b) {
+  setvbuf(stdout, NULL, _IOLBF, 0); /* rows appear as they are measured, even under a pipe */
+  const model_shape *m = &kModels[0];
+  int H = 0, I = 0, E = 0, R = -1;
+  double zipf = 0;
+  const char *json = NULL;
+  b->iters = 20;
+  for (int i = 1; i < argc; ++i) {
+    const char *a = argv[i];
+    const char *v = i + 1 < argc ? argv[i + 1] : NULL;
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) { usage(); return 2; }
+    if (!v) { usage(); return 2; }
+    ++i;
+    if (!strcmp(a, "--model")) {
+      m = NULL;
+      for (size_t j = 0; j < sizeof kModels / sizeof kModels[0]; ++j)
+        if (!strcmp(v, kModels[j].name)) m = &kModels[j];
+      if (!m) { fprintf(stderr, "bench gemm: unknown model '%s'\n", v); usage(); return 2; }
+    } else if (!strcmp(a, "--hidden")) H = atoi(v);
+    else if (!strcmp(a, "--inter")) I = atoi(v);
+    else if (!strcmp(a, "--experts")) E = atoi(v);
+    else if (!strcmp(a, "--rows-per-expert")) R = atoi(v);
+    else if (!strcmp(a, "--iters")) b->iters = atoi(v);
+    else if (!strcmp(a, "--limit")) b->limit = (float)atof(v);
+    else if (!strcmp(a, "--json")) json = v;
+    else if (!strcmp(a, "--routing")) {
+      if (!strcmp(v, "uniform")) zipf = 0;
+      else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) zipf = atof(v + 5);
+      else { fprintf(stderr, "bench gemm: --routing uniform|zipf:S (S > 0)\n"); return 2; }
+    } else { fprintf(stderr, "bench gemm: unknown option %s\n", a); usage(); return 2; }
+  }
+  b->H = H ? H : m->H;
+  b->I = I ? I : m->I;
+  b->E = E ? E : m->E / 8;
+  if (R < 0) R = m->rows ? m->rows : 512;
+  if (b->H < 64 || b->H % 64 || b->I < 64 || b->I % 64 || b->E < 1 || b->E > MOK_GEMM_MAX_EXPERTS || R < 1 ||
+      b->iters < 1) {
+    fprintf(stderr, "bench gemm: need hidden, inter multiples of 64, 1 <= experts <= %d, rows >= 1, iters >= 1\n",
+            MOK_GEMM_MAX_EXPERTS);
+    return 2;
+  }
+  E = b->E;
+  /* row counts */
+  b->cnt_h = (int32_t *)calloc(E, sizeof(int32_t));
+  b->off_h = (int32_t *)calloc(E + 1, sizeof(int32_t));
+  const int64_t total = (int64_t)R * E;
+  if (zipf > 0) {
+    double norm = 0;
+    for (int e = 0; e < E; ++e) norm += pow(e + 1.0, -zipf);
+    int64_t given = 0;
+    for (int e = 0; e < E; ++e) given += b->cnt_h[e] = (int32_t)floor(total * pow(e + 1.0, -zipf) / norm);
+    for (int e = 0; given < total; e = (e + 1) % E, ++given) b->cnt_h[e]++;
+  } else {
+    for (int e = 0; e < E; ++e) b->cnt_h[e] = R;
+  }
+  for (int e = 0; e < E; ++e) b->off_h[e + 1] = b->off_h[e] + (b->cnt_h[e] + 63) / 64 * 64;
+  b->rows_real = total;
+  b->rows_used = b->off_h[E];
+  b->rows_bal = R;
+  b->seg_bal = (R + 63) / 64 * 64;
+  b->cap = b->rows_used > b->seg_bal * E ? b->rows_used : b->seg_bal * E;
+  snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R, zipf > 0 ? " zipf" : "");
+
+  BCUDA(cudaMalloc(&b->off, sizeof(int32_t) * (E + 1)));
+  BCUDA(cudaMalloc(&b->cnt, sizeof(int32_t) * E));
+  BCUDA(cudaMemcpy(b->off, b->off_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice));
+  BCUDA(cudaMemcpy(b->cnt, b->cnt_h, sizeof(int32_t) * E, cudaMemcpyHostToDevice));
+  const size_t cap = (size_t)b->cap, Hs = b->H, Is = b->I, wsz = (size_t)E * Is * Hs;
+  BCUDA(cudaMalloc(&b->x, cap * Hs * 2));
+  BCUDA(cudaMalloc(&b->dy, cap * Hs * 2));
+  BCUDA(cudaMalloc(&b->y, cap * Hs * 2));
+  BCUDA(cudaMalloc(&b->dx, cap * Hs * 2));
+  BCUDA(cudaMalloc(&b->act, cap * Is * 2));
+  BCUDA(cudaMalloc(&b->gu, cap * Is * 4));
+  BCUDA(cudaMalloc(&b->dgu, cap * Is * 4));
+  BCUDA(cudaMalloc(&b->cub_out, cap * (Hs > 2 * Is ? Hs : 2 * Is) * 2));
+  BCUDA(cudaMalloc(&b->wg, wsz * 2));
+  BCUDA(cudaMalloc(&b->wu, wsz * 2));
+  BCUDA(cudaMalloc(&b->wd, wsz * 2));
+  BCUDA(cudaMalloc(&b->wgu_cub, wsz * 4));
+  BCUDA(cudaMalloc(&b->dw0, wsz * 4));
+  BCUDA(cudaMalloc(&b->dw1, wsz * 4));
+  BCUDA(cudaMalloc(&b->dw2, wsz * 4));
+  BCUDA(cudaMalloc(&b->cub_dw, wsz * 8));
+  BCUDA(cudaMalloc(&b->bad, sizeof(int)));
+  b->rows.num_experts = E;
+  b->rows.capacity = b->cap;
+  b->rows.expert_offset = b->off;
+  const uint64_t seed = 0x5eed0000ull ^ (uint64_t)time(NULL);
+  BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
+  BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));
+  BMOK(mok_gemm_fill_rows(b->wg, (int64_t)E * b->I, b->H, seed + 3, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
+  BMOK(mok_gemm_fill_rows(b->wu, (int64_t)E * b->I, b->H, seed + 4, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
+  BMOK(mok_gemm_fill_rows(b->wd, (int64_t)E * b->H, b->I, seed + 5, 1.f / sqrtf((float)b->I), 0, NULL, NULL, 0));
+  BMOK(mok_gemm_fill_rows(b->wgu_cub, (int64_t)E * 2 * b->I, b->H, seed + 6, 1.f / sqrtf((float)b->H), 0, NULL,
+                          NULL, 0));
+  BCUBLAS(cublasCreate(&b->cub));
+  BCUBLAS(cublasSetStream(b->cub, 0));
+  BCUDA(cudaEventCreate(&b->ev0));
+  BCUDA(cudaEventCreate(&b->ev1));
+  BCUDA(cudaDeviceSynchronize());
+
+  if (json) {
+    b->json = fopen(json, "w");
+    if (!b->json) { fprintf(stderr, "bench gemm: cannot write %s\n", json); return 2; }
+    fprintf(b->json, "{\"bench\": \"gemm\", \"routing\": \"%s\", \"zipf\": %g, \"results\": [", zipf > 0 ? "zipf" : "uniform", zipf);
+    b->json_first = 1;
+  }
+  cudaDeviceProp prop;
+  BCUDA(cudaGetDeviceProperties(&prop, 0));
+  printf("# mok bench gemm: %s, %d SMs; E_l=%d H=%d I=%d, %lld routed rows (%s), %lld rows after padding to 64, "
+         "limit %g, median of %d\n",
+         prop.name, prop.multiProcessorCount, E, b->H, b->I, (long long)total,
+         zipf > 0 ? "zipf" : "balanced", (long long)b->rows_used, (double)b->limit, b->iters);
+  printf("%-20s %-24s %8s %8s %8s %8s %6s %8s %9s\n", "kind", "shape", "ms", "TFLOP/s", "cuBLASms", "TFLOP/s", "ratio",
+         "HBM GB/s", "rel.err");
+  for (int k = 0; k < K_N; ++k)
+    if (bench_kind(b, k)) return 1;
+  if (b->json) {
+    fprintf(b->json, "\n]}\n");
+    fclose(b->json);
+  }
+  if (b->wrong) fprintf(stderr, "bench gemm: WRONG RESULT (relative error >= 1e-2 or unwritten output)\n");
+  return b->wrong ? 1 : 0;
+}
+
+extern "C" int mok_bench_gemm_main(int argc, char **argv) {
+  bench b;
+  memset(&b, 0, sizeof b);
+  const int rc = bench_main(argc, argv, &b);
+  void *bufs[] = {b.off, b.cnt, b.x, b.wg, b.wu, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
+                  b.dw0, b.dw1, b.dw2, b.cub_dw, b.bad};
+  for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
+    if (bufs[i]) cudaFree(bufs[i]);
+  if (b.cub) cublasDestroy(b.cub);
+  free(b.off_h);
+  free(b.cnt_h);
+  return rc;
+}
