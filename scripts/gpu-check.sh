@@ -16,7 +16,7 @@ OUT=${OUT:-/tmp/mok-out}; mkdir -p "$OUT"
   timeout 90 build/mok bench gemm --model kimi-k2.7-code --routing zipf:1.2 --iters 5 2>&1 | tail -12
   echo "== layer bench"
   timeout 300 build/mok bench layer --model glm-5.2,kimi-k2.7-code,qwen3.5-397b-a17b,deepseek-v4-pro \
-    --tokens 2048,8192 --json "$OUT/layer-baseline.json" 2>&1 | grep -A12 "^MoE layer"
+    --tokens 2048,8192 --check-tokens 1 --json "$OUT/layer-baseline.json" 2>&1 | grep -A12 "^MoE layer"
   timeout 120 build/mok bench layer --model deepseek-v3,qwen3-30b-a3b --tokens 16384 --check-tokens 1 \
     --json "$OUT/layer-baseline-16k.json" 2>&1 | grep -A4 "^model"
 } 2>&1 | tee "$OUT/log"
