@@ -36,6 +36,7 @@
 
 #include "bf16.h"
 #include "comm.h"
+#include "gemm.h"
 #include "internal.h"
 
 #define NUM_GKINDS 9
@@ -82,6 +83,11 @@ struct mok_gpu_layer {
   int slot;
   int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
   unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
+  /* Expert GEMM engine: cuBLAS (the conventional baseline, default) or mok's grouped
+   * Hopper GEMMs (src/gemm.cu) with MOK_EXPERT_GEMM=mok — they read the segment offsets
+   * from the device, so one launch covers every expert whatever its rows. */
+  int engine_mok;
+  int32_t *d_off;        /* [E_l + 1] segment offsets of the last forward (device) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
   int prof, nev;
   cudaEvent_t ev[32];
@@ -447,6 +453,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   free(g->gm); free(g->galpha); free(g->gta);
   cudaFreeHost(g->h_ptrs);
   cudaFree(g->d_ptrs);
+  cudaFree(g->d_off);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -515,6 +522,12 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   const char *mask = getenv("MOK_BASELINE_GROUPED");
   g->grouped_mask = mask ? (unsigned)strtoul(mask, NULL, 0) & 0x1ffu : ~0u;
   g->prof = getenv("MOK_BASELINE_PROFILE") != NULL;
+  const char *engine = getenv("MOK_EXPERT_GEMM");
+  g->engine_mok = engine && !strcmp(engine, "mok");
+  if (cudaMalloc((void **)&g->d_off, sizeof(int32_t) * (size_t)(El + 1)) != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
+  }
   CUBLAS_CHECK(l, cublasCreate(&g->cublas));
   return mokSuccess;
 }
@@ -712,18 +725,27 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   /* 5. experts */
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
-  MOK_CHECK(expert_gemm(l, G_GATE, w, NULL, st));
-  MOK_CHECK(expert_gemm(l, G_UP, w, NULL, st));
-  prof_mark(g, "gateup", st);
-  if (rows) {
-    if (L > 0)
-      k_swiglu_fwd<float><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu32, rows, I, L, g->act, g->gu);
-    else
-      k_swiglu_fwd<uint16_t><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu, rows, I, 0.f, g->act, NULL);
+  mokGemmRows_t grows = {El, g->cap, g->d_off};
+  if (g->engine_mok) {
+    CUDA_CHECK(l, cudaMemcpyAsync(g->d_off, g->seg_off, sizeof(int32_t) * (size_t)(El + 1), cudaMemcpyHostToDevice, st));
+    MOK_CHECK(mok_gemm_gateup_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, g->act, g->gu, st));
+    prof_mark(g, "gateup+swiglu", st);
+    MOK_CHECK(mok_gemm_down_fwd(&grows, H, I, g->act, w->w_down, g->yp, st));
+    prof_mark(g, "down", st);
+  } else {
+    MOK_CHECK(expert_gemm(l, G_GATE, w, NULL, st));
+    MOK_CHECK(expert_gemm(l, G_UP, w, NULL, st));
+    prof_mark(g, "gateup", st);
+    if (rows) {
+      if (L > 0)
+        k_swiglu_fwd<float><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu32, rows, I, L, g->act, g->gu);
+      else
+        k_swiglu_fwd<uint16_t><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu, rows, I, 0.f, g->act, NULL);
+    }
+    prof_mark(g, "swiglu", st);
+    MOK_CHECK(expert_gemm(l, G_DOWN, w, NULL, st));
+    prof_mark(g, "down", st);
   }
-  prof_mark(g, "swiglu", st);
-  MOK_CHECK(expert_gemm(l, G_DOWN, w, NULL, st));
-  prof_mark(g, "down", st);
   /* 6. back to the source ranks, into send order */
   if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(g->yp, g->d_map, rows, H, g->recv);
   MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->yret, g->send_cnt, g->send_base,
@@ -785,25 +807,39 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
-  MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
-  prof_mark(g, "dA", st);
-  if (rows) k_swiglu_bwd<<<grid_for(rows * I, 256), 256, 0, st>>>(g->f32, g->gu, rows, I, L, g->dgu);
-  for (int e = 0; e < El; e++) { /* gradients are overwritten: an expert with no rows gets zeros */
-    if (g->seg_cnt[e]) continue;
-    MOK_CHECK(zero_grad(l, (char *)gr->d_w_gate + gsz * (size_t)e * I * H, (int64_t)I * H, st));
-    MOK_CHECK(zero_grad(l, (char *)gr->d_w_up + gsz * (size_t)e * I * H, (int64_t)I * H, st));
-    MOK_CHECK(zero_grad(l, (char *)gr->d_w_down + gsz * (size_t)e * H * I, (int64_t)H * I, st));
+  if (g->engine_mok) {
+    mokGemmRows_t grows = {El, g->cap, g->d_off};
+    mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
+    MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
+    prof_mark(g, "dA+swiglu'", st);
+    MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
+    prof_mark(g, "dX", st);
+    MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
+    prof_mark(g, "dWdown", st);
+    MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
+    prof_mark(g, "dWgateup", st);
+    if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(dxb, g->d_map, rows, H, g->recv);
+  } else {
+    MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
+    prof_mark(g, "dA", st);
+    if (rows) k_swiglu_bwd<<<grid_for(rows * I, 256), 256, 0, st>>>(g->f32, g->gu, rows, I, L, g->dgu);
+    for (int e = 0; e < El; e++) { /* gradients are overwritten: an expert with no rows gets zeros */
+      if (g->seg_cnt[e]) continue;
+      MOK_CHECK(zero_grad(l, (char *)gr->d_w_gate + gsz * (size_t)e * I * H, (int64_t)I * H, st));
+      MOK_CHECK(zero_grad(l, (char *)gr->d_w_up + gsz * (size_t)e * I * H, (int64_t)I * H, st));
+      MOK_CHECK(zero_grad(l, (char *)gr->d_w_down + gsz * (size_t)e * H * I, (int64_t)H * I, st));
+    }
+    prof_mark(g, "swiglu'", st);
+    MOK_CHECK(expert_gemm(l, G_DXG, w, gr, st));
+    MOK_CHECK(expert_gemm(l, G_DXU, w, gr, st));
+    prof_mark(g, "dX", st);
+    MOK_CHECK(expert_gemm(l, G_DWD, w, gr, st));
+    prof_mark(g, "dWdown", st);
+    MOK_CHECK(expert_gemm(l, G_DWG, w, gr, st));
+    MOK_CHECK(expert_gemm(l, G_DWU, w, gr, st));
+    prof_mark(g, "dWgateup", st);
+    if (rows) k_scatter_rows<float><<<grid_for(rows, 1), 256, 0, st>>>(g->f32, g->d_map, rows, H, g->recv);
   }
-  prof_mark(g, "swiglu'", st);
-  MOK_CHECK(expert_gemm(l, G_DXG, w, gr, st));
-  MOK_CHECK(expert_gemm(l, G_DXU, w, gr, st));
-  prof_mark(g, "dX", st);
-  MOK_CHECK(expert_gemm(l, G_DWD, w, gr, st));
-  prof_mark(g, "dWdown", st);
-  MOK_CHECK(expert_gemm(l, G_DWG, w, gr, st));
-  MOK_CHECK(expert_gemm(l, G_DWU, w, gr, st));
-  prof_mark(g, "dWgateup", st);
-  if (rows) k_scatter_rows<float><<<grid_for(rows, 1), 256, 0, st>>>(g->f32, g->d_map, rows, H, g->recv);
   MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->send, g->send_cnt, g->send_base,
                             2 * (size_t)H, st));
   prof_mark(g, "scatter+a2a", st);

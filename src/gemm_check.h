@@ -19,6 +19,7 @@ typedef struct mokGemmErr {
 } mokGemmErr_t;
 
 static inline void mok_gemm_err_add(mokGemmErr_t *e, double got, double ref) {
+  if (isinf(got) && got == ref) return; /* a clamped value saved as +-inf, as expected */
   if (isnan(got) || isinf(got)) e->nan++;
   else e->diff2 += (got - ref) * (got - ref);
   e->ref2 += ref * ref;
@@ -42,7 +43,8 @@ static inline double mok_ref_dot(const uint16_t *a, const uint16_t *b, int n) {
   return s;
 }
 
-/* Forward gate+up of one row: g, u (unrounded), a = silu(gc) * uc. wg, wu: [I, H]. */
+/* Forward gate+up of one row: g, u as saved (unrounded; +-inf where the clamp cut them,
+ * include/mok.h), a = silu(gc) * uc. wg, wu: [I, H]. */
 static inline void mok_ref_gateup_row(const uint16_t *x, const uint16_t *wg, const uint16_t *wu, int H, int I,
                                       double L, double *g, double *u, double *a) {
   for (int i = 0; i < I; ++i) {
@@ -52,8 +54,8 @@ static inline void mok_ref_gateup_row(const uint16_t *x, const uint16_t *wg, con
       gc = gv < L ? gv : L;
       uc = uv < -L ? -L : (uv > L ? L : uv);
     }
-    g[i] = gv;
-    u[i] = uv;
+    g[i] = L > 0 && gv > L ? INFINITY : gv;
+    u[i] = L > 0 && uv > L ? INFINITY : L > 0 && uv < -L ? -INFINITY : uv;
     a[i] = gc * mok_ref_sigmoid(gc) * uc;
   }
 }
@@ -72,8 +74,8 @@ static inline void mok_ref_down_dgrad_row(const uint16_t *dy, const uint16_t *wd
     const double g = MOK_B2D(gu[i]), u = MOK_B2D(gu[I + i]);
     double gc = g, uc = u, gm = 1.0, um = 1.0;
     if (L > 0) {
-      if (g > L) { gc = L; gm = 0.0; }
-      if (fabs(u) > L) { uc = u < 0 ? -L : L; um = 0.0; }
+      if (isinf(g)) { gc = L; gm = 0.0; }
+      if (isinf(u)) { uc = u < 0 ? -L : L; um = 0.0; }
     }
     const double s = mok_ref_sigmoid(gc);
     dg[i] = da * uc * s * (1.0 + gc * (1.0 - s)) * gm;

@@ -213,6 +213,16 @@ static void all_routings(test_ctx *t, int N) {
 MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1); }
 MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2); }
 
+/* The same layer with mok's own grouped Hopper GEMMs as the expert GEMM engine
+ * (MOK_EXPERT_GEMM=mok, read when a layer is created). */
+static void all_routings_mok_gemm(test_ctx *t, int N) {
+  setenv("MOK_EXPERT_GEMM", "mok", 1);
+  all_routings(t, N);
+  unsetenv("MOK_EXPERT_GEMM");
+}
+MOK_GPU_TEST(layer_mok_gemm_matches_reference_1gpu, 1) { all_routings_mok_gemm(t, 1); }
+MOK_GPU_TEST(layer_mok_gemm_matches_reference_2gpu, 2) { all_routings_mok_gemm(t, 2); }
+
 /* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
 typedef struct {
   gpu_case c;

@@ -276,8 +276,10 @@ static void usage(void) {
   printf("usage: mok bench layer [--impl baseline] [--model A,B,..] [--tokens T1,T2,..] [--gpus N]\n"
          "                       [--routing uniform|zipf:S|hot:E] [--iters 20] [--warmup 3]\n"
          "                       [--check-tokens 2] [--seed S] [--grad-dtype bf16|fp32] [--json FILE]\n"
+         "                       [--gemm cublas|mok]\n"
          "  Times forward and forward+backward of the MoE layer on N local GPUs (EP over N ranks;\n"
-         "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n");
+         "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n"
+         "  --gemm mok: the baseline with mok's grouped Hopper GEMMs instead of cuBLAS (base+mokG).\n");
 }
 
 int mok_bench_layer_main(int argc, char **argv) {
@@ -287,6 +289,7 @@ int mok_bench_layer_main(int argc, char **argv) {
   long long seed = 1;
   mokImpl_t impl = mokImplBaseline;
   mokDtype_t gdt = mokDtypeBF16;
+  const char *gemm = "cublas";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(), 0;
@@ -302,6 +305,11 @@ int mok_bench_layer_main(int argc, char **argv) {
     else if (!strcmp(a, "--check-tokens")) check_tokens = atoi(v);
     else if (!strcmp(a, "--seed")) seed = atoll(v);
     else if (!strcmp(a, "--grad-dtype")) gdt = !strcmp(v, "fp32") ? mokDtypeFP32 : mokDtypeBF16;
+    else if (!strcmp(a, "--gemm")) {
+      if (strcmp(v, "cublas") && strcmp(v, "mok"))
+        return fprintf(stderr, "mok bench layer: --gemm takes cublas or mok, not '%s'\n", v), 2;
+      gemm = v;
+    }
     else if (!strcmp(a, "--impl")) {
       if (strcmp(v, "baseline") && strcmp(v, "auto"))
         return fprintf(stderr, "mok bench layer: --impl '%s' is not built (baseline, auto)\n", v), 2;
@@ -313,6 +321,9 @@ int mok_bench_layer_main(int argc, char **argv) {
   if (!strncmp(routing_s, "zipf:", 5)) routing = (mokRouting_t){mokRoutingZipf, atof(routing_s + 5)};
   else if (!strncmp(routing_s, "hot:", 4)) routing = (mokRouting_t){mokRoutingHot, atof(routing_s + 4)};
   else if (strcmp(routing_s, "uniform")) return fprintf(stderr, "mok bench layer: bad --routing '%s'\n", routing_s), 2;
+  /* the expert GEMM engine of the baseline is chosen when a layer is created */
+  if (!strcmp(gemm, "mok")) setenv("MOK_EXPERT_GEMM", "mok", 1);
+  const char *label = !strcmp(gemm, "mok") ? "base+mokG" : "baseline";
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess || visible == 0)
     return fprintf(stderr, "mok bench layer: no CUDA GPU found; this benchmark needs GPUs\n"), 2;
@@ -385,16 +396,16 @@ int mok_bench_layer_main(int argc, char **argv) {
       double nvl = 2 * T * k * (N - 1) / N * H * 2;
       double floor_ms = 1e3 * fmax(flops / 790e12, fmax(hbm / 3.9e12, nvl / 336e9));
       snprintf(table[rows++], sizeof table[0], "%-18s %6d %4d %-9s %9.3f %8.1f %10.3f %8.1f %9.3f %6.2fx  %.2e %s",
-               models[mi], b->T, gpus, "baseline", fwd, flops / (fwd * 1e-3) / 1e12, fb,
+               models[mi], b->T, gpus, label, fwd, flops / (fwd * 1e-3) / 1e12, fb,
                3 * flops / (fb * 1e-3) / 1e12, floor_ms, fwd / floor_ms, maxerr, ok ? "ok" : b->fail[0] ? "FAILED" : "WRONG");
       printf("[%s T=%d EP%d] forward %.3f ms, forward+backward %.3f ms, check %.2e (%s), %.1f s\n", models[mi], b->T,
              gpus, fwd, fb, maxerr, ok ? "ok" : "WRONG", now_s() - t0);
       if (jf)
         fprintf(jf,
-                "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"baseline\", \"routing\": \"%s\", "
+                "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"baseline\", \"gemm\": \"%s\", \"routing\": \"%s\", "
                 "\"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f, "
                 "\"fwd_floor_ms\": %.4f, \"err_out\": %.3e, \"err_dx\": %.3e, \"err_dtopk_w\": %.3e, \"ok\": %s}",
-                rows > 1 ? ",\n" : "", models[mi], b->T, gpus, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
+                rows > 1 ? ",\n" : "", models[mi], b->T, gpus, gemm, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
                 3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], ok ? "true" : "false");
       fflush(stdout);
       mokLocalRun(gpus, comms, rank_free, b);

@@ -319,11 +319,17 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
           const int j = 4 * jj + i;
           float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
           float u0 = acc[4 * (j + NJ / 2) + 2 * h], u1 = acc[4 * (j + NJ / 2) + 2 * h + 1];
-          vg[i] = pack_bf16x2(g0, g1);
-          vu[i] = pack_bf16x2(u0, u1);
           if (L > 0.f) {
+            /* saved context: a value the clamp cuts is saved as +-inf, so the backward's
+             * mask is exactly this one (include/mok.h) */
+            vg[i] = pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1);
+            vu[i] = pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0,
+                                u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1);
             g0 = fminf(g0, L); g1 = fminf(g1, L);
             u0 = fminf(fmaxf(u0, -L), L); u1 = fminf(fmaxf(u1, -L), L);
+          } else {
+            vg[i] = pack_bf16x2(g0, g1);
+            vu[i] = pack_bf16x2(u0, u1);
           }
           va[i] = pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
         }
@@ -366,8 +372,9 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
             const float da = __uint_as_float(e ? d1[p] : d0[p]);
             float gc = g, uc = u, gmask = 1.f, umask = 1.f;
             if (L > 0.f) {
-              if (g > L) { gc = L; gmask = 0.f; }
-              if (fabsf(u) > L) { uc = fminf(fmaxf(u, -L), L); umask = 0.f; }
+              /* the forward saved a cut value as +-inf: the mask is exactly its */
+              if (isinf(g)) { gc = L; gmask = 0.f; }
+              if (isinf(u)) { uc = u > 0.f ? L : -L; umask = 0.f; }
             }
             const float sg = sigmoid_f(gc);
             dg[e] = da * uc * (sg * (1.f + gc * (1.f - sg))) * gmask;
