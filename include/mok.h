@@ -224,6 +224,19 @@ mokResult_t mokReferenceBackward(mokLayer_t layer, const mokRankInput_t *inputs,
                                  const mokRankWeights_t *weights, const mokBf16 *const *d_out,
                                  const mokRankGrads_t *grads);
 
+/* Checks weight gradients of large shapes without every weight: selected rows idx[q] of
+ * dW_gate and dW_up and columns idx[q] of dW_down of one routed expert (global id), in
+ * float64 from that expert's weights alone (w_gate, w_up [I, H], w_down [H, I]) and every
+ * rank's inputs and d_out, with the rounding points of mokReferenceBackward.
+ * Host memory: about 16 * (sum of T_r) * H bytes plus the expert's weights in float64.
+ * [IN] inputs[N], d_out[N], idx[n_idx] (each in [0, I))
+ * [OUT] d_w_gate_rows, d_w_up_rows [n_idx, H]; d_w_down_cols [n_idx, H] (row q holds column
+ *       idx[q] of dW_down) */
+mokResult_t mokReferenceExpertGrads(mokLayer_t layer, const mokRankInput_t *inputs, const mokBf16 *const *d_out,
+                                    int expert, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                    const mokBf16 *w_down, int n_idx, const int *idx, double *d_w_gate_rows,
+                                    double *d_w_up_rows, double *d_w_down_cols);
+
 /* ---- test data (counter-based; identical on CPU and GPU) ----------------------- */
 /* Every element is a pure function of (seed, tensor, element index), so any part of
  * any tensor can be generated alone, on the host or on the device. */

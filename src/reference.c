@@ -377,3 +377,43 @@ mokResult_t ref_backward(const ref_problem *p, const double *const *dout, double
   fwd_free(&st);
   return mokSuccess;
 }
+
+/* ---- sampled weight gradients of one expert ------------------------------------------ */
+/* For large shapes: selected rows i of dW_gate and dW_up and columns i of dW_down of one
+ * routed expert, from that expert's weights alone. Per route of the expert (any order:
+ * float64 sums), with the rounding points of the full backward:
+ *   g_i, u_i = W_gate[i] x, W_up[i] x (saved as bf16, +-inf where clamped); a_i = bf16(SwiGLU)
+ *   dy = bf16(w d_out); da_i = sum_h W_down[h, i] dy[h]; dg_i, du_i = bf16(SwiGLU backward)
+ *   dW_gate[i, :] += dg_i x; dW_up[i, :] += du_i x; dW_down[:, i] += dy a_i */
+void ref_expert_grad_sample(const ref_problem *p, int expert, const double *wg, const double *wu, const double *wd,
+                            const double *const *dout, int n_idx, const int *idx, double *dwg, double *dwu,
+                            double *dwd) {
+  const mokConfig_t *c = p->cfg;
+  const int N = c->num_ranks, H = c->hidden, I = c->inter, k = c->topk;
+  const double L = c->swiglu_limit;
+  memset(dwg, 0, sizeof(double) * (size_t)n_idx * H);
+  memset(dwu, 0, sizeof(double) * (size_t)n_idx * H);
+  memset(dwd, 0, sizeof(double) * (size_t)n_idx * H);
+  double *dy = malloc(sizeof(double) * (size_t)H);
+  if (!dy) return;
+  for (int s = 0; s < N; s++)
+    for (int t = 0; t < p->tokens[s]; t++)
+      for (int j = 0; j < k; j++) {
+        if (p->idx[s][(int64_t)t * k + j] != expert) continue;
+        const double *xt = p->x[s] + (size_t)t * H, *dt = dout[s] + (size_t)t * H;
+        const double wt = p->w[s][(int64_t)t * k + j];
+        for (int h = 0; h < H; h++) dy[h] = RND(p, wt * dt[h]);
+        for (int q = 0; q < n_idx; q++) {
+          const int i = idx[q];
+          double g = dot(wg + (size_t)i * H, xt, H), u = dot(wu + (size_t)i * H, xt, H);
+          double a = RND(p, swiglu(g, u, L)), da = 0.0, dg, du;
+          for (int h = 0; h < H; h++) da += wd[(size_t)h * I + i] * dy[h];
+          swiglu_bwd(da, save_g(p, g), save_u(p, u), L, &dg, &du);
+          dg = RND(p, dg);
+          du = RND(p, du);
+          double *rg = dwg + (size_t)q * H, *ru = dwu + (size_t)q * H, *rd = dwd + (size_t)q * H;
+          for (int h = 0; h < H; h++) rg[h] += dg * xt[h], ru[h] += du * xt[h], rd[h] += dy[h] * a;
+        }
+      }
+  free(dy);
+}

@@ -56,6 +56,13 @@ mokResult_t ref_backward(const ref_problem *p, const double *const *dout, double
                          double *const *dwg, double *const *dwu, double *const *dwd, double *const *dsg,
                          double *const *dsu, double *const *dsd);
 
+/* Selected rows idx[q] of dW_gate and dW_up and columns idx[q] of dW_down of global
+ * expert `expert`, from its weights alone (wg, wu [I, H], wd [H, I]); each output
+ * [n_idx, H] (dwd[q, h] = dW_down[h, idx[q]]). The routing must be valid. */
+void ref_expert_grad_sample(const ref_problem *p, int expert, const double *wg, const double *wu, const double *wd,
+                            const double *const *dout, int n_idx, const int *idx, double *dwg, double *dwu,
+                            double *dwd);
+
 #ifdef __cplusplus
 }
 #endif

@@ -327,3 +327,65 @@ mokResult_t mokReferenceBackward(mokLayer_t l, const mokRankInput_t *in, const m
   wd_free(&W);
   return rc;
 }
+
+/* ---- sampled weight gradients of one expert -------------------------------------------- */
+mokResult_t mokReferenceExpertGrads(mokLayer_t l, const mokRankInput_t *in, const mokBf16 *const *d_out, int expert,
+                                    const mokBf16 *w_gate, const mokBf16 *w_up, const mokBf16 *w_down, int n_idx,
+                                    const int *idx, double *d_w_gate_rows, double *d_w_up_rows,
+                                    double *d_w_down_cols) {
+  static const char fn[] = "mokReferenceExpertGrads";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  MOK_CHECK(check_inputs(l, fn, in, 1));
+  const mokConfig_t *c = &l->cfg;
+  const int N = c->num_ranks, H = c->hidden, I = c->inter, k = c->topk;
+  if (!d_out) return mok_error(l, mokInvalidArgument, "%s: d_out is NULL", fn);
+  for (int s = 0; s < N; s++)
+    if (in[s].num_tokens && !d_out[s]) return mok_error(l, mokInvalidArgument, "%s: d_out[%d] is NULL", fn, s);
+  if (expert < 0 || expert >= c->num_experts)
+    return mok_error(l, mokInvalidArgument, "%s: expert %d is not in [0, %d)", fn, expert, c->num_experts);
+  if (!w_gate || !w_up || !w_down)
+    return mok_error(l, mokInvalidArgument, "%s: w_gate, w_up and w_down must not be NULL", fn);
+  if (n_idx < 1 || !idx) return mok_error(l, mokInvalidArgument, "%s: need n_idx >= 1 and idx", fn);
+  for (int q = 0; q < n_idx; q++)
+    if (idx[q] < 0 || idx[q] >= I)
+      return mok_error(l, mokInvalidArgument, "%s: idx[%d] = %d is not in [0, inter=%d)", fn, q, idx[q], I);
+  if (!d_w_gate_rows || !d_w_up_rows || !d_w_down_cols)
+    return mok_error(l, mokInvalidArgument, "%s: the three outputs must not be NULL", fn);
+  /* float64 copies of what the sample reads: every rank's x, router weights and d_out,
+   * and this expert's three weights */
+  int ok = 1;
+  widened W;
+  memset(&W, 0, sizeof W);
+  size_t pn = sizeof(void *) * (size_t)N;
+  int *tokens = malloc(sizeof(int) * (size_t)N);
+  const int32_t **idxs = malloc(pn);
+  const double **x = malloc(pn), **w = malloc(pn), **dout = malloc(pn);
+  ok = tokens && idxs && x && w && dout;
+  for (int s = 0; ok && s < N; s++) {
+    static const mokBf16 none = 0;
+    int T = in[s].num_tokens;
+    tokens[s] = T;
+    idxs[s] = in[s].topk_idx;
+    x[s] = wd_bf16(&W, T ? in[s].x : &none, (size_t)T * H, &ok);
+    dout[s] = wd_bf16(&W, T ? d_out[s] : &none, (size_t)T * H, &ok);
+    double *wv = ok ? wd_alloc(&W, (size_t)T * k) : NULL;
+    ok = ok && wv;
+    for (int64_t q = 0; ok && q < (int64_t)T * k; q++) wv[q] = in[s].topk_w[q];
+    w[s] = wv;
+  }
+  const double *wg = ok ? wd_bf16(&W, w_gate, (size_t)I * H, &ok) : NULL;
+  const double *wu = ok ? wd_bf16(&W, w_up, (size_t)I * H, &ok) : NULL;
+  const double *wdn = ok ? wd_bf16(&W, w_down, (size_t)H * I, &ok) : NULL;
+  mokResult_t rc = mokSuccess;
+  if (!ok) {
+    rc = mok_error(l, mokOutOfMemory, "%s: out of host memory", fn);
+  } else {
+    ref_problem p = {c, 1, tokens, idxs, x, w, NULL, NULL, NULL, NULL, NULL, NULL};
+    ref_expert_grad_sample(&p, expert, wg, wu, wdn, dout, n_idx, idx, d_w_gate_rows, d_w_up_rows, d_w_down_cols);
+  }
+  for (int i = 0; i < W.nmem; i++) free(W.mem[i]);
+  free(W.mem);
+  free(tokens); free(idxs); free(x); free(w); free(dout);
+  return rc;
+}

@@ -548,3 +548,47 @@ MOK_TEST(reference_generated_data_rank_data) {
   mokLayerDestroy(l4);
   mokLayerDestroy(l1);
 }
+
+/* mokReferenceExpertGrads (sampled rows of dW_gate/dW_up, columns of dW_down of one
+ * expert, from its weights alone) equals the full backward's weight gradients at those
+ * indices, for every expert (empty ones too), with duplicates, -1 slots and the clamp. */
+MOK_TEST(reference_expert_grad_sample_matches_full_backward) {
+  rng_t r = {test_seed() ^ 0x5a3};
+  for (int routing = 0; routing < 4; routing++) {
+    prob p;
+    int T[2] = {11, routing == R_EMPTY_EXPERTS ? 0 : 7};
+    prob_init(&p, &r, 2, 6, 128, 64, 64, 3, T, routing, routing == R_DUPLICATES_AND_EMPTY ? 1.0f : 0.0f);
+    bf16_case b;
+    CHECK(bf16_init(&b, &p, mokDtypeFP32));
+    CHECK_OK(mokReferenceBackward(b.layer, b.in, b.w, (const mokBf16 *const *)b.dout, b.g));
+    const int H = p.H, I = p.I, El = p.El;
+    int idx[3] = {0, rng_int(&r, I), I - 1};
+    double *sg = malloc(sizeof(double) * 3 * H), *su = malloc(sizeof(double) * 3 * H), *sd = malloc(sizeof(double) * 3 * H);
+    for (int e = 0; e < 6; e++) {
+      int owner = e / El, le = e % El;
+      const mokBf16 *wg = b.w[owner].w_gate + (size_t)le * I * H, *wu = b.w[owner].w_up + (size_t)le * I * H;
+      const mokBf16 *wd = b.w[owner].w_down + (size_t)le * H * I;
+      CHECK_OK(mokReferenceExpertGrads(b.layer, b.in, (const mokBf16 *const *)b.dout, e, wg, wu, wd, 3, idx, sg, su, sd));
+      const float *fg = (const float *)b.g[owner].d_w_gate + (size_t)le * I * H;
+      const float *fu = (const float *)b.g[owner].d_w_up + (size_t)le * I * H;
+      const float *fd = (const float *)b.g[owner].d_w_down + (size_t)le * H * I;
+      double num = 0, den = 0;
+      for (int q = 0; q < 3; q++)
+        for (int h = 0; h < H; h++) {
+          double a[3] = {sg[q * H + h], su[q * H + h], sd[q * H + h]};
+          double f[3] = {fg[(size_t)idx[q] * H + h], fu[(size_t)idx[q] * H + h], fd[(size_t)h * I + idx[q]]};
+          for (int m = 0; m < 3; m++) num += (a[m] - f[m]) * (a[m] - f[m]), den += f[m] * f[m];
+        }
+      CHECK_MSG(den == 0 ? num == 0 : sqrt(num / den) < 1e-5, "routing %d expert %d: rel %g (den %g)", routing, e,
+                den ? sqrt(num / den) : num, den);
+    }
+    int bad[1] = {I};
+    CHECK_STATUS(mokReferenceExpertGrads(b.layer, b.in, (const mokBf16 *const *)b.dout, 0, b.w[0].w_gate,
+                                         b.w[0].w_up, b.w[0].w_down, 1, bad, sg, su, sd), mokInvalidArgument);
+    CHECK_STATUS(mokReferenceExpertGrads(b.layer, b.in, (const mokBf16 *const *)b.dout, 6, b.w[0].w_gate,
+                                         b.w[0].w_up, b.w[0].w_down, 3, idx, sg, su, sd), mokInvalidArgument);
+    free(sg); free(su); free(sd);
+    bf16_free(&b);
+    prob_free(&p);
+  }
+}

@@ -16,7 +16,10 @@
  *                    NVLink bytes = 2 T k (N-1)/N H 2 (dispatch + combine leaving this GPU)
  *   check          = relative L2 error of out, d_x and d_topk_w on `check-tokens` sampled
  *                    tokens per rank against the float64 reference (mokReference* on a
- *                    one-token problem with that token's experts); must be < 1e-2.
+ *                    one-token problem with that token's experts), and (check-experts > 0)
+ *                    of 3 rows of dW_gate and dW_up and 3 columns of dW_down of the most-
+ *                    loaded local expert of every rank (mokReferenceExpertGrads); the
+ *                    largest of the four must be < 1e-2.
  * Uses only the public API. Exit code 1 when a check fails.
  */
 #include <cuda_runtime_api.h>
@@ -34,7 +37,7 @@
 
 typedef struct {
   mokConfig_t cfg;
-  int N, T, iters, warmup, check_tokens;
+  int N, T, iters, warmup, check_tokens, check_experts;
   uint64_t seed;
   mokRouting_t routing;
   mokImpl_t impl;
@@ -47,7 +50,7 @@ typedef struct {
   int32_t *h_idx[MAXG];
   float *h_w[MAXG];
   float fwd_ms[MAXG], fb_ms[MAXG];
-  double err_num[3], err_den[3];
+  double err_num[4], err_den[4]; /* out, d_x, d_topk_w, sampled dW */
   pthread_mutex_t mu;
   char fail[512];
 } bench_t;
@@ -265,6 +268,74 @@ static void *check_token(void *arg) {
   return NULL;
 }
 
+/* Sampled weight gradients: on every rank its most-loaded local expert; rows {0, I/2,
+ * I-1} of dW_gate and dW_up and the same columns of dW_down, against
+ * mokReferenceExpertGrads (float64, from host copies of every rank's x and d_out and
+ * that expert's weights). Adds to err category 3. */
+static void check_experts(bench_t *b) {
+  const mokConfig_t *c = &b->cfg;
+  const int N = b->N, T = b->T, H = c->hidden, I = c->inter, k = c->topk, El = c->num_experts / N;
+  const size_t gs = c->grad_dtype == mokDtypeBF16 ? 2 : 4, ew = (size_t)I * H;
+  mokConfig_t hc = *c;
+  mokLayer_t hl = NULL;
+  mokRankInput_t hin[MAXG];
+  mokBf16 *hx[MAXG] = {0}, *hd[MAXG] = {0};
+  mokBf16 *wg = malloc(2 * ew), *wu = malloc(2 * ew), *wd = malloc(2 * ew);
+  void *gg = malloc(gs * ew), *gu = malloc(gs * ew), *gd = malloc(gs * ew);
+  double *rg = malloc(sizeof(double) * 3 * H), *ru = malloc(sizeof(double) * 3 * H), *rd = malloc(sizeof(double) * 3 * H);
+  int64_t *load = calloc((size_t)c->num_experts, sizeof(int64_t));
+  int ok = wg && wu && wd && gg && gu && gd && rg && ru && rd && load && mokLayerCreate(&hl, &hc) == mokSuccess;
+  for (int r = 0; ok && r < N; r++) {
+    hx[r] = malloc(2 * (size_t)T * H + 2), hd[r] = malloc(2 * (size_t)T * H + 2);
+    ok = hx[r] && hd[r];
+    if (!ok) break;
+    cudaSetDevice(r);
+    cudaMemcpy(hx[r], b->in[r].x, 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
+    cudaMemcpy(hd[r], b->dout[r], 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
+    hin[r] = (mokRankInput_t){T, hx[r], b->h_idx[r], b->h_w[r]};
+    for (int64_t q = 0; q < (int64_t)T * k; q++)
+      if (b->h_idx[r][q] >= 0) load[b->h_idx[r][q]]++;
+  }
+  const int idx[3] = {0, I / 2, I - 1};
+  double num = 0, den = 0;
+  for (int r = 0; ok && r < N && b->check_experts > 0; r++) {
+    int le = 0;
+    for (int e = 1; e < El; e++) le = load[r * El + e] > load[r * El + le] ? e : le;
+    cudaSetDevice(r);
+    cudaMemcpy(wg, b->w[r].w_gate + (size_t)le * ew, 2 * ew, cudaMemcpyDeviceToHost);
+    cudaMemcpy(wu, b->w[r].w_up + (size_t)le * ew, 2 * ew, cudaMemcpyDeviceToHost);
+    cudaMemcpy(wd, b->w[r].w_down + (size_t)le * ew, 2 * ew, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gg, (char *)b->g[r].d_w_gate + gs * (size_t)le * ew, gs * ew, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gu, (char *)b->g[r].d_w_up + gs * (size_t)le * ew, gs * ew, cudaMemcpyDeviceToHost);
+    cudaMemcpy(gd, (char *)b->g[r].d_w_down + gs * (size_t)le * ew, gs * ew, cudaMemcpyDeviceToHost);
+    if (mokReferenceExpertGrads(hl, hin, (const mokBf16 *const *)hd, r * El + le, wg, wu, wd, 3, idx, rg, ru, rd) !=
+        mokSuccess) {
+      ok = 0;
+      break;
+    }
+#define GOT(p, i) (gs == 2 ? (double)mokBf16ToFloat(((const mokBf16 *)(p))[i]) : (double)((const float *)(p))[i])
+    for (int q = 0; q < 3; q++)
+      for (int h = 0; h < H; h++) {
+        double ref[3] = {rg[q * H + h], ru[q * H + h], rd[q * H + h]};
+        double got[3] = {GOT(gg, (size_t)idx[q] * H + h), GOT(gu, (size_t)idx[q] * H + h), GOT(gd, (size_t)h * I + idx[q])};
+        for (int m = 0; m < 3; m++) {
+          num += got[m] != got[m] ? INFINITY : (got[m] - ref[m]) * (got[m] - ref[m]);
+          den += ref[m] * ref[m];
+        }
+      }
+#undef GOT
+  }
+  if (ok) {
+    b->err_num[3] += num;
+    b->err_den[3] += den;
+  } else {
+    snprintf(b->fail, sizeof b->fail, "sampled expert gradient check failed: %s", mokGetLastError());
+  }
+  for (int r = 0; r < N; r++) free(hx[r]), free(hd[r]);
+  free(wg); free(wu); free(wd); free(gg); free(gu); free(gd); free(rg); free(ru); free(rd); free(load);
+  mokLayerDestroy(hl);
+}
+
 /* ---- driver -------------------------------------------------------------------------- */
 static int split_list(char *s, char **items, int max) {
   int n = 0;
@@ -275,7 +346,8 @@ static int split_list(char *s, char **items, int max) {
 static void usage(void) {
   printf("usage: mok bench layer [--impl baseline] [--model A,B,..] [--tokens T1,T2,..] [--gpus N]\n"
          "                       [--routing uniform|zipf:S|hot:E] [--iters 20] [--warmup 3]\n"
-         "                       [--check-tokens 2] [--seed S] [--grad-dtype bf16|fp32] [--json FILE]\n"
+         "                       [--check-tokens 2] [--check-experts 1] [--seed S] [--grad-dtype bf16|fp32]\n"
+         "                       [--json FILE]\n"
          "                       [--gemm cublas|mok]\n"
          "  Times forward and forward+backward of the MoE layer on N local GPUs (EP over N ranks;\n"
          "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n"
@@ -285,7 +357,7 @@ static void usage(void) {
 int mok_bench_layer_main(int argc, char **argv) {
   char models_s[512] = "glm-5.2", tokens_s[256] = "2048";
   const char *json = NULL, *routing_s = "uniform";
-  int gpus = 0, iters = 20, warmup = 3, check_tokens = 2;
+  int gpus = 0, iters = 20, warmup = 3, check_tokens = 2, check_exp = 1;
   long long seed = 1;
   mokImpl_t impl = mokImplBaseline;
   mokDtype_t gdt = mokDtypeBF16;
@@ -303,6 +375,7 @@ int mok_bench_layer_main(int argc, char **argv) {
     else if (!strcmp(a, "--iters")) iters = atoi(v);
     else if (!strcmp(a, "--warmup")) warmup = atoi(v);
     else if (!strcmp(a, "--check-tokens")) check_tokens = atoi(v);
+    else if (!strcmp(a, "--check-experts")) check_exp = atoi(v);
     else if (!strcmp(a, "--seed")) seed = atoll(v);
     else if (!strcmp(a, "--grad-dtype")) gdt = !strcmp(v, "fp32") ? mokDtypeFP32 : mokDtypeBF16;
     else if (!strcmp(a, "--gemm")) {
@@ -353,6 +426,7 @@ int mok_bench_layer_main(int argc, char **argv) {
       b->T = atoi(tokens[ti]);
       cfg.num_ranks = gpus, cfg.max_tokens = b->T > 0 ? b->T : 1, cfg.grad_dtype = gdt;
       b->cfg = cfg, b->N = gpus, b->iters = iters, b->warmup = warmup, b->check_tokens = check_tokens;
+      b->check_experts = check_exp;
       b->seed = (uint64_t)seed, b->routing = routing, b->impl = impl;
       printf("[%s T=%d EP%d] generating data and creating the layer ...\n", models[mi], b->T, gpus);
       fflush(stdout);
@@ -382,9 +456,15 @@ int mok_bench_layer_main(int argc, char **argv) {
           jobs[nj++] = (check_job){b, r, check_tokens == 1 ? b->T / 2 : (int)((int64_t)q * (b->T - 1) / (check_tokens - 1))};
       for (int q = 0; q < nj; q++) pthread_create(&th[q], NULL, check_token, &jobs[q]);
       for (int q = 0; q < nj; q++) pthread_join(th[q], NULL);
-      double err[3];
-      for (int q = 0; q < 3; q++) err[q] = b->err_den[q] ? sqrt(b->err_num[q] / b->err_den[q]) : sqrt(b->err_num[q]);
-      double maxerr = fmax(err[0], fmax(err[1], err[2]));
+      if (check_exp > 0) {
+        printf("[%s T=%d EP%d] float64 check of sampled weight gradients (most-loaded expert per rank) ...\n",
+               models[mi], b->T, gpus);
+        fflush(stdout);
+        check_experts(b);
+      }
+      double err[4];
+      for (int q = 0; q < 4; q++) err[q] = b->err_den[q] ? sqrt(b->err_num[q] / b->err_den[q]) : sqrt(b->err_num[q]);
+      double maxerr = fmax(fmax(err[0], err[3]), fmax(err[1], err[2]));
       int ok = !b->fail[0] && maxerr < 1e-2;
       if (!ok) bad = 1;
       float fwd = 0, fb = 0;
@@ -404,9 +484,10 @@ int mok_bench_layer_main(int argc, char **argv) {
         fprintf(jf,
                 "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"baseline\", \"gemm\": \"%s\", \"routing\": \"%s\", "
                 "\"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f, "
-                "\"fwd_floor_ms\": %.4f, \"err_out\": %.3e, \"err_dx\": %.3e, \"err_dtopk_w\": %.3e, \"ok\": %s}",
+                "\"fwd_floor_ms\": %.4f, \"err_out\": %.3e, \"err_dx\": %.3e, \"err_dtopk_w\": %.3e, \"err_dw\": %.3e, "
+                "\"ok\": %s}",
                 rows > 1 ? ",\n" : "", models[mi], b->T, gpus, gemm, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
-                3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], ok ? "true" : "false");
+                3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], err[3], ok ? "true" : "false");
       fflush(stdout);
       mokLocalRun(gpus, comms, rank_free, b);
       pthread_mutex_destroy(&b->mu);
@@ -416,7 +497,7 @@ int mok_bench_layer_main(int argc, char **argv) {
   mokLocalCommsDestroy(gpus, comms);
   printf("\nMoE layer, EP over %d GPU(s), routing %s; ms = median of %d passes, slowest rank; TFLOP/s per GPU\n"
          "(fwd 6T(kHI+HI_s), fwd+bwd 3x that); floor = fwd roofline (FLOPs/790T, HBM/3.9TB/s, NVLink/336GB/s);\n"
-         "check = max rel L2 of out, d_x, d_topk_w on sampled tokens vs float64\n",
+         "check = max rel L2 of out, d_x, d_topk_w on sampled tokens and of sampled dW rows/columns vs float64\n",
          gpus, routing_s, iters);
   printf("%-18s %6s %4s %-9s %9s %8s %10s %8s %9s %7s  %s\n", "model", "T", "GPUs", "impl", "fwd ms", "TFLOP/s",
          "fwd+bwd ms", "TFLOP/s", "floor ms", "/floor", "check");
