@@ -664,7 +664,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
                      (int)g->h_idx[bad], E);
   for (int s = 0; s < N; s++)
     if (g->h_cnt_all[(int64_t)s * (E + 1) + E])
-      return mok_error(l, mokInvalidArgument, "%s: rank %d passed an invalid expert id in topk_idx; nothing was "
+      return mok_error(l, mokInvalidArgument, "%s: rank %d refused its forward input (a bad expert id or argument); nothing was "
                        "written", fn, s);
   /* send order: sorted by global expert, then (t, j) */
   int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
@@ -872,6 +872,47 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   return mokSuccess;
 }
 
+/* Every pass starts with one exchange in which each rank says whether it refused its
+ * input: a rank that returns early would otherwise leave its peers waiting inside NCCL.
+ * [IN] bad: this rank refuses  [OUT] *first_bad: the lowest rank that refused, or -1.
+ * The forward folds this flag into its routing-count exchange; the backward calls this. */
+static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = l->cfg.num_ranks;
+  ncclComm_t nc;
+  MOK_CHECK(mokCommGetNccl(l->comm, &nc));
+  g->h_cnt[0] = bad;
+  CUDA_CHECK(l, cudaMemcpyAsync(g->d_cnt, g->h_cnt, sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  NCCL_CHECK(l, ncclAllGather(g->d_cnt, g->d_cnt_all, 1, ncclInt32, nc, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, sizeof(int32_t) * (size_t)N, cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  *first_bad = -1;
+  for (int s = N - 1; s >= 0; s--)
+    if (g->h_cnt_all[s]) *first_bad = s;
+  return mokSuccess;
+}
+
+/* A rank that refuses its forward input still takes part in the forward's count
+ * exchange, with its error flag set, so the peers return too. Keeps the message. */
+static mokResult_t refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = l->cfg.num_ranks, E = l->cfg.num_experts;
+  char msg[MOK_ERRMSG_LEN];
+  snprintf(msg, sizeof msg, "%s", mokGetLastError());
+  ncclComm_t nc;
+  g->fwd_valid = 0;
+  if (mokCommGetNccl(l->comm, &nc) == mokSuccess) {
+    memset(g->h_cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
+    g->h_cnt[E] = 1;
+    if (cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * (size_t)(E + 1), cudaMemcpyHostToDevice, st) == cudaSuccess &&
+        ncclAllGather(g->d_cnt, g->d_cnt_all, (size_t)(E + 1), ncclInt32, nc, st) == ncclSuccess)
+      cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * (E + 1), cudaMemcpyDeviceToHost, st);
+    cudaStreamSynchronize(st);
+    cudaGetLastError();
+  }
+  return mok_error(l, rc, "%s", msg);
+}
+
 /* ---- public entry points ------------------------------------------------------------ */
 extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
                                        const mokRankWeights_t *w, mokBf16 *out, cudaStream_t st) {
@@ -883,6 +924,7 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   mokResult_t rc = check_pass(l, fn, impl, in, w);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) rc = baseline_forward(l, in, w, out, st);
+  else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
 }
@@ -910,6 +952,16 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_gate, "grads->d_s_gate", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_up, "grads->d_s_up", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_down, "grads->d_s_down", Is > 0);
+  if (l && l->gpu) { /* every rank says whether it refused, so none waits inside NCCL */
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    int first_bad = -1;
+    mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
+    if (rc != mokSuccess) rc = mok_error(l, rc, "%s", msg);
+    else if (xr != mokSuccess) rc = xr;
+    else if (first_bad >= 0)
+      rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its backward input; nothing was written", fn, first_bad);
+  }
   if (rc == mokSuccess) rc = baseline_backward(l, in, w, d_out, gr, st);
   if (prev >= 0) cudaSetDevice(prev);
   return rc;

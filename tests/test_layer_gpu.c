@@ -4,7 +4,8 @@
  * duplicates and -1 slots, every route on one expert, empty experts with a rank of 0
  * tokens, uneven tokens; clamp on and fp32 weight gradients in some. Tolerance: relative
  * L2 < 1e-2 per tensor (DESIGN.md 2a). Also: a bad expert id on one rank fails every
- * rank without writing; backward without forward and host pointers are refused.
+ * rank without writing; backward without forward and host pointers are refused, and a
+ * rank that refuses its input alone makes its peers return instead of waiting in NCCL.
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
@@ -226,7 +227,7 @@ MOK_GPU_TEST(layer_mok_gemm_matches_reference_2gpu, 2) { all_routings_mok_gemm(t
 /* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
 typedef struct {
   gpu_case c;
-  mokResult_t first[MAXR], again_host[MAXR], nofwd[MAXR];
+  mokResult_t first[MAXR], again_host[MAXR], nofwd[MAXR], one_fwd[MAXR], one_bwd[MAXR];
   mokBf16 first_out[MAXR];
 } bad_case;
 
@@ -245,6 +246,15 @@ static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
   mokRankInput_t host_in = c->din[s];
   host_in.x = c->in[s].x;
   b->again_host[s] = mokLayerForward(c->layer[s], mokImplBaseline, &host_in, &c->dw[s], c->out_d[s], st);
+  /* only rank 1 refuses (host pointer): rank 0 must return too, not wait in NCCL */
+  b->one_fwd[s] = mokLayerForward(c->layer[s], mokImplBaseline, s == 1 ? &host_in : &c->din[s], &c->dw[s],
+                                  c->out_d[s], st);
+  rc = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  if (rc != mokSuccess) return rc;
+  mokRankGrads_t hg = c->dg[s];
+  hg.d_x = (mokBf16 *)c->in[s].x; /* a host pointer */
+  b->one_bwd[s] = mokLayerBackward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->dout_d[s],
+                                   s == 1 ? &hg : &c->dg[s], st);
   /* plant a bad id on rank 1 */
   cudaMemset(c->out_d[s], 0x77, 2);
   if (s == 1) {
@@ -274,6 +284,10 @@ MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) {
     CHECK_MSG(b->first_out[s] == 0x7777, "rank %d: out was written after a refused forward", s);
     CHECK(b->again_host[s] == mokInvalidArgument);
     CHECK(b->nofwd[s] == mokInvalidUsage);
+    CHECK_MSG(b->one_fwd[s] == mokInvalidArgument, "rank %d: forward with one refusing peer gave %s", s,
+              mokGetErrorName(b->one_fwd[s]));
+    CHECK_MSG(b->one_bwd[s] == mokInvalidArgument, "rank %d: backward with one refusing peer gave %s", s,
+              mokGetErrorName(b->one_bwd[s]));
   }
   CHECK(strstr(mokLayerGetLastError(b->c.layer[0]), "rank 1") != NULL);
   mokLocalRun(2, comms, rank_free, &b->c);
