@@ -62,7 +62,7 @@ TEST_C  := $(wildcard tests/*.c)
 TEST_CU := $(wildcard tests/*.cu)
 TEST_OBJ := $(TEST_C:tests/%.c=$(B)/obj/tests/%.o) $(TEST_CU:tests/%.cu=$(B)/obj/tests/%.cu.o)
 
-.PHONY: all test run check-header clean
+.PHONY: all test run check-header check-readme clean
 all: $(B)/libmok.so $(B)/libmok.a $(B)/mok
 
 $(B)/obj/%.o: %.c
@@ -87,7 +87,16 @@ check-header:
 	$(CC) -std=c11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c include/mok.h
 	g++ -std=c++11 -Wall -Wextra -pedantic -Werror -fsyntax-only -x c++ include/mok.h
 
-test: all $(B)/mok_tests check-header
+# The README's C example must compile against the header as written.
+check-readme:
+	@mkdir -p $(B)
+	@{ echo '#include <stdio.h>'; echo '#include "mok.h"'; \
+	  echo 'void readme_example(ncclComm_t nccl_comm, mokRankInput_t input, mokRankWeights_t weights,'; \
+	  echo '  mokBf16 *out, const mokBf16 *d_out, mokRankGrads_t grads, cudaStream_t stream) {'; \
+	  sed -n '/^```c$$/,/^```$$/p' README.md | sed '1d;$$d' | grep -v '^#include'; echo '}'; } > $(B)/readme_example.c
+	$(CC) -std=c11 -Wall -Wextra -Werror -fsyntax-only -Iinclude $(B)/readme_example.c
+
+test: all $(B)/mok_tests check-header check-readme
 	$(B)/mok_tests $(TESTS)
 
 run: all
