@@ -80,6 +80,8 @@ struct mok_gpu_layer {
   float *galpha, *gbeta;
   cublasOperation_t *gta, *gtb;
   const void **h_ptrs, **d_ptrs; /* [SLOTS][3][E_l] */
+  const void **ops;              /* [3][E_l] host scratch: A, B, C of the groups of one call */
+  int32_t *cursor;               /* [E + 1] host scratch: next send row of each expert */
   int slot;
   int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
   unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
@@ -358,8 +360,7 @@ static mokResult_t expert_gemm(mokLayer_t l, enum gkind kind, const mokRankWeigh
   const int clamp = l->cfg.swiglu_limit > 0;
   const size_t gs = l->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4;
   const cudaDataType gt = l->cfg.grad_dtype == mokDtypeBF16 ? BF : F32;
-  const void **A = (const void **)malloc(sizeof(void *) * 3 * (size_t)El);
-  if (!A) return mok_error(l, mokOutOfMemory, "out of host memory");
+  const void **A = g->ops;
   const void **B = A + El;
   void **C = (void **)(A + 2 * El);
   int n = 0, ta = 0, tb = 0;
@@ -427,7 +428,6 @@ static mokResult_t expert_gemm(mokLayer_t l, enum gkind kind, const mokRankWeigh
   if (!use_grouped) g->grouped_ok = 0;
   mokResult_t rc = grouped_rm(l, (int)kind, ta, tb, n, A, at, B, bt, C, ct, beta, st);
   if (!use_grouped) g->grouped_ok = saved;
-  free(A);
   return rc;
 }
 
@@ -450,7 +450,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   for (int i = 0; i < 32; i++)
     if (g->ev[i]) cudaEventDestroy(g->ev[i]);
   free(g->send_cnt); free(g->seg_cnt);
-  free(g->gm); free(g->galpha); free(g->gta);
+  free(g->gm); free(g->galpha); free(g->gta); free((void *)g->ops); free(g->cursor);
   cudaFreeHost(g->h_ptrs);
   cudaFree(g->d_ptrs);
   cudaFree(g->d_off);
@@ -505,6 +505,9 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   if (!g->send_cnt || !g->seg_cnt) return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of host memory");
   g->send_base = g->send_cnt + N, g->recv_cnt = g->send_cnt + 2 * N, g->recv_base = g->send_cnt + 3 * N;
   g->seg_off = g->seg_cnt + El;
+  g->ops = (const void **)calloc((size_t)(3 * El), sizeof(void *));
+  g->cursor = (int32_t *)calloc((size_t)(E + 1), sizeof(int32_t));
+  if (!g->ops || !g->cursor) return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of host memory");
   g->gm = (int *)calloc((size_t)(7 * El), sizeof(int));
   g->galpha = (float *)calloc((size_t)(2 * El), sizeof(float));
   g->gta = (cublasOperation_t *)calloc((size_t)(2 * El), sizeof(cublasOperation_t));
@@ -667,8 +670,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
       return mok_error(l, mokInvalidArgument, "%s: rank %d refused its forward input (a bad expert id or argument); nothing was "
                        "written", fn, s);
   /* send order: sorted by global expert, then (t, j) */
-  int32_t *cursor = (int32_t *)malloc(sizeof(int32_t) * (size_t)(E + 1));
-  if (!cursor) return mok_error(l, mokOutOfMemory, "%s: out of host memory", fn);
+  int32_t *cursor = g->cursor;
   cursor[0] = 0;
   for (int e = 0; e < E; e++) cursor[e + 1] = cursor[e] + g->h_cnt[e];
   for (int p = 0; p < N; p++) {
@@ -679,7 +681,6 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
     int32_t e = g->h_idx[q];
     g->h_pos[q] = e < 0 ? -1 : cursor[e]++;
   }
-  free(cursor);
   /* receive side: rows from s to my experts, and the padded schedule */
   int64_t rb = 0;
   for (int s = 0; s < N; s++) {
