@@ -288,7 +288,11 @@ mokResult_t mokReferenceBackward(mokLayer_t l, const mokRankInput_t *in, const m
     dout[s] = wd_bf16(&W, in[s].num_tokens ? d_out[s] : &none, (size_t)in[s].num_tokens * H, &ok);
   }
   size_t *sz = calloc((size_t)(unsigned)N * 5, sizeof(size_t));
-  if (!sz) ok = 0;
+  if (!sz) {
+    free(dout);
+    wd_free(&W);
+    return mok_error(l, mokOutOfMemory, "%s: out of host memory", fn);
+  }
   size_t *n_dx = sz, *n_dw = sz + N, *n_wgu = sz + 2 * N, *n_wd = sz + 3 * N, *n_s = sz + 4 * N;
   for (int s = 0; ok && s < N; s++) {
     n_dx[s] = (size_t)in[s].num_tokens * H;

@@ -186,3 +186,26 @@ MOK_TEST(api_bf16_conversion) {
   CHECK(back != back);
   CHECK(mokBf16ToFloat(mokFloatToBf16(3.0e38f * 10)) > 1e38f); /* inf stays inf */
 }
+
+/* The GPU entry points validate on the host first: these run without a GPU. */
+MOK_TEST(api_gpu_entry_points_validate_on_host) {
+  mokConfig_t c = good_config();
+  mokLayer_t host = NULL, l = (mokLayer_t)(uintptr_t)0x77;
+  CHECK_STATUS(mokLayerCreateOnComm(&l, &c, NULL), mokInvalidArgument);
+  CHECK(l == (mokLayer_t)(uintptr_t)0x77 && strstr(mokGetLastError(), "comm"));
+  CHECK_STATUS(mokLayerCreateOnComm(NULL, &c, NULL), mokInvalidArgument);
+  CHECK_OK(mokLayerCreate(&host, &c));
+  mokRankInput_t in = {0, NULL, NULL, NULL};
+  mokRankWeights_t w = {0};
+  CHECK_STATUS(mokLayerForward(NULL, mokImplAuto, &in, &w, NULL, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokLayerForward(host, mokImplAuto, &in, &w, NULL, NULL), mokInvalidUsage);
+  CHECK(strstr(mokLayerGetLastError(host), "mokLayerCreateOnComm") != NULL);
+  mokRankGrads_t g = {0};
+  CHECK_STATUS(mokLayerBackward(host, mokImplBaseline, &in, &w, NULL, &g, NULL), mokInvalidUsage);
+  mokLayerDestroy(host);
+  CHECK_STATUS(mokGenerateBf16Device(1, mokTensorX, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokGenerateBf16Device(1, (mokTensorKind_t)0, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);
+  CHECK_OK(mokGenerateBf16Device(1, mokTensorX, 0, 0, 0, 1.0f, NULL, NULL)); /* nothing to do */
+  mokComm_t comms[2] = {0};
+  CHECK_STATUS(mokLocalCommsCreate(0, NULL, NULL, comms), mokInvalidArgument);
+}
