@@ -399,10 +399,15 @@ mokResult_t mokLocalRun(int ngpus, mokComm_t *comms, mokLocalFn_t fn, void *arg)
 /* ---- the layer on GPUs ------------------------------------------------------------ */
 /* Which implementation runs a pass. */
 typedef enum mokImpl {
-  mokImplAuto = 0,     /* the fastest one built for this configuration (today: baseline) */
-  mokImplBaseline = 1  /* NCCL all-to-all-v + cuBLAS expert GEMMs + mok's small kernels. It
-                          waits on the host once per forward for the routing counts (every
-                          conventional expert-parallel layer does); the backward reuses them. */
+  mokImplAuto = 0,     /* the fastest one built for this configuration: today mokImplNccl on
+                          Hopper (sm_90), mokImplBaseline elsewhere */
+  mokImplBaseline = 1, /* the conventional layer: NCCL all-to-all-v + cuBLAS expert GEMMs +
+                          mok's small kernels (permute, SwiGLU, combine). It waits on the host
+                          once per forward for the routing counts (every conventional
+                          expert-parallel layer does); the backward reuses them. */
+  mokImplNccl = 2      /* the same NCCL exchange with mok's grouped Hopper expert GEMMs (one
+                          launch per GEMM kind over every expert, SwiGLU and its backward
+                          fused into the epilogues); sm_90 only (mokNotSupported elsewhere) */
 } mokImpl_t;
 
 /* Collective over comm's ranks. A layer whose passes run on GPUs: checks that every rank
@@ -424,7 +429,8 @@ mokResult_t mokLayerForward(mokLayer_t layer, mokImpl_t impl, const mokRankInput
 
 /* Collective. Backward of the last forward (same input and weights; DEVICE pointers):
  * writes every gradient of grads (weight gradients overwritten, in grad_dtype).
- * [IN] d_out [T_r, H]  [OUT] grads */
+ * The backward runs the implementation its forward ran (impl must resolve to the same one,
+ * else mokInvalidUsage). [IN] d_out [T_r, H]  [OUT] grads */
 mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
                              const mokRankWeights_t *weights, const mokBf16 *d_out,
                              const mokRankGrads_t *grads, cudaStream_t stream);

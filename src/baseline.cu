@@ -85,10 +85,13 @@ struct mok_gpu_layer {
   int slot;
   int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
   unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
-  /* Expert GEMM engine: cuBLAS (the conventional baseline, default) or mok's grouped
-   * Hopper GEMMs (src/gemm.cu) with MOK_EXPERT_GEMM=mok — they read the segment offsets
-   * from the device, so one launch covers every expert whatever its rows. */
+  /* Expert GEMM engine of the pass: cuBLAS (mokImplBaseline) or mok's grouped Hopper
+   * GEMMs (mokImplNccl; src/gemm.cu), which read the segment offsets from the device, so
+   * one launch covers every expert whatever its rows. Chosen per forward (resolve_impl);
+   * the backward runs its forward's engine. */
   int engine_mok;
+  int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
+  mokImpl_t fwd_impl;    /* the resolved implementation of the last forward */
   int32_t *d_off;        /* [E_l + 1] segment offsets of the last forward (device) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
   int prof, nev;
@@ -525,8 +528,9 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   const char *mask = getenv("MOK_BASELINE_GROUPED");
   g->grouped_mask = mask ? (unsigned)strtoul(mask, NULL, 0) & 0x1ffu : ~0u;
   g->prof = getenv("MOK_BASELINE_PROFILE") != NULL;
-  const char *engine = getenv("MOK_EXPERT_GEMM");
-  g->engine_mok = engine && !strcmp(engine, "mok");
+  int major = 0;
+  CUDA_CHECK(l, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g->device));
+  g->sm90 = major == 9;
   if (cudaMalloc((void **)&g->d_off, sizeof(int32_t) * (size_t)(El + 1)) != cudaSuccess) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
@@ -607,8 +611,11 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
   if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
   if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only); "
                                 "use mokLayerCreateOnComm for GPU passes", fn);
-  if (impl != mokImplAuto && impl != mokImplBaseline)
-    return mok_error(l, mokInvalidArgument, "%s: impl %d is not built (mokImplAuto, mokImplBaseline)", fn, (int)impl);
+  if (impl != mokImplAuto && impl != mokImplBaseline && impl != mokImplNccl)
+    return mok_error(l, mokInvalidArgument, "%s: impl %d is not built (mokImplAuto, mokImplBaseline, mokImplNccl)", fn,
+                     (int)impl);
+  if (impl == mokImplNccl && !l->gpu->sm90)
+    return mok_error(l, mokNotSupported, "%s: mokImplNccl needs a Hopper GPU (sm_90); use mokImplBaseline", fn);
   if (!in) return mok_error(l, mokInvalidArgument, "%s: input is NULL", fn);
   if (!w) return mok_error(l, mokInvalidArgument, "%s: weights is NULL", fn);
   const mokConfig_t *c = &l->cfg;
@@ -915,6 +922,11 @@ static mokResult_t refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st)
 }
 
 /* ---- public entry points ------------------------------------------------------------ */
+static mokImpl_t resolve_impl(mokLayer_t l, mokImpl_t impl) {
+  if (impl == mokImplAuto) return l->gpu->sm90 ? mokImplNccl : mokImplBaseline;
+  return impl;
+}
+
 extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
                                        const mokRankWeights_t *w, mokBf16 *out, cudaStream_t st) {
   static const char fn[] = "mokLayerForward";
@@ -924,7 +936,11 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (l && l->gpu) cudaSetDevice(l->gpu->device);
   mokResult_t rc = check_pass(l, fn, impl, in, w);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
-  if (rc == mokSuccess) rc = baseline_forward(l, in, w, out, st);
+  if (rc == mokSuccess) {
+    l->gpu->fwd_impl = resolve_impl(l, impl);
+    l->gpu->engine_mok = l->gpu->fwd_impl == mokImplNccl;
+    rc = baseline_forward(l, in, w, out, st);
+  }
   else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
@@ -944,6 +960,9 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (rc == mokSuccess && (!l->gpu->fwd_valid || l->gpu->fwd_tokens != T))
     rc = mok_error(l, mokInvalidUsage, "%s: no forward of these %d tokens precedes this backward (the layer keeps "
                    "the context of its last forward)", fn, T);
+  if (rc == mokSuccess && resolve_impl(l, impl) != l->gpu->fwd_impl)
+    rc = mok_error(l, mokInvalidUsage, "%s: impl %d resolves to %d, but the forward ran %d; the backward runs its "
+                   "forward's implementation", fn, (int)impl, (int)resolve_impl(l, impl), (int)l->gpu->fwd_impl);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, d_out, "d_out", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_topk_w, "grads->d_topk_w", T > 0);

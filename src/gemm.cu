@@ -21,28 +21,30 @@
 using namespace mok_sm90;
 
 /* ---- the tile rule ----------------------------------------------------------------- */
-/* Smallest padded width ceil(n / c) * c over the candidates (largest first); ties keep
- * the wider tile. */
+/* The widest candidate (candidates widest first) whose padded width ceil(n / c) * c is
+ * within 3% of the smallest padded width: wide tiles reuse each operand byte more, so a
+ * little padding is worth it, a lot is not. */
 static int pick_width(int n, const int *cands, int count) {
-  int best = cands[0];
   int64_t best_pad = mok_round_up(n, cands[0]);
-  for (int i = 1; i < count; ++i) {
-    int64_t pad = mok_round_up(n, cands[i]);
-    if (pad < best_pad) {
-      best = cands[i];
-      best_pad = pad;
-    }
-  }
-  return best;
+  for (int i = 1; i < count; ++i)
+    if (mok_round_up(n, cands[i]) < best_pad) best_pad = mok_round_up(n, cands[i]);
+  for (int i = 0; i < count; ++i)
+    if (mok_round_up(n, cands[i]) * 100 <= best_pad * 103) return cands[i];
+  return cands[count - 1];
 }
 
-static int stages_for(int bn) {
-  return bn == 256 ? TileConfig<256>::kStages : bn == 192 ? TileConfig<192>::kStages : TileConfig<128>::kStages;
-}
-static int smem_for(int bn, int experts) {
-  return bn == 256 ? TileConfig<256>::smem_bytes(experts)
-         : bn == 192 ? TileConfig<192>::smem_bytes(experts)
-                     : TileConfig<128>::smem_bytes(experts);
+template <int KIND>
+static void plan_for(int bn, int *stages, int *smem) {
+  if constexpr (KIND == kDownDgrad) {
+    *stages = TileConfig<KIND, 128>::kStages, *smem = TileConfig<KIND, 128>::kSmemBytes;
+  } else if constexpr (KIND == kGateUpFwd) {
+    if (bn == 256) *stages = TileConfig<KIND, 256>::kStages, *smem = TileConfig<KIND, 256>::kSmemBytes;
+    else *stages = TileConfig<KIND, 128>::kStages, *smem = TileConfig<KIND, 128>::kSmemBytes;
+  } else {
+    if (bn == 256) *stages = TileConfig<KIND, 256>::kStages, *smem = TileConfig<KIND, 256>::kSmemBytes;
+    else if (bn == 192) *stages = TileConfig<KIND, 192>::kStages, *smem = TileConfig<KIND, 192>::kSmemBytes;
+    else *stages = TileConfig<KIND, 128>::kStages, *smem = TileConfig<KIND, 128>::kSmemBytes;
+  }
 }
 
 extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int inter, mokGemmTileShape_t *shape) {
@@ -52,7 +54,7 @@ extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int i
                      "mok_gemm_tile_shape: hidden (%d) and inter (%d) must be multiples of 64, >= 64", hidden,
                      inter);
   static const int full[3] = {256, 192, 128};
-  static const int half[3] = {128, 96, 64};
+  static const int half[2] = {128, 64};
   int n;
   switch (kind) {
     case mokGemmGateUpFwd: n = inter; break;
@@ -65,15 +67,22 @@ extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int i
   }
   shape->bm = kBM;
   shape->bk = kBK;
-  if (kind == mokGemmGateUpFwd) {
-    shape->out_cols = pick_width(n, half, 3);
+  if (kind == mokGemmGateUpFwd) { /* whole 64-column chunks of act, g and u */
+    shape->out_cols = pick_width(n, half, 2);
     shape->bn = 2 * shape->out_cols;
+  } else if (kind == mokGemmDownDgrad) { /* the tile's g and u are staged: 128 columns */
+    shape->bn = shape->out_cols = 128;
   } else {
     shape->bn = pick_width(n, full, 3);
     shape->out_cols = shape->bn;
   }
-  shape->stages = stages_for(shape->bn);
-  shape->smem_bytes = smem_for(shape->bn, MOK_GEMM_MAX_EXPERTS);
+  switch (kind) {
+    case mokGemmGateUpFwd: plan_for<kGateUpFwd>(shape->bn, &shape->stages, &shape->smem_bytes); break;
+    case mokGemmDownFwd: plan_for<kDownFwd>(shape->bn, &shape->stages, &shape->smem_bytes); break;
+    case mokGemmDownDgrad: plan_for<kDownDgrad>(shape->bn, &shape->stages, &shape->smem_bytes); break;
+    case mokGemmGateUpDgrad: plan_for<kGateUpDgrad>(shape->bn, &shape->stages, &shape->smem_bytes); break;
+    default: plan_for<kWgradGateUp>(shape->bn, &shape->stages, &shape->smem_bytes); break;
+  }
   return mokSuccess;
 }
 
@@ -129,23 +138,28 @@ static mokResult_t get_encode(PFN_cuTensorMapEncodeTiled_v12000 *out) {
   return mokSuccess;
 }
 
-/* 2-D bf16 tensor [outer, inner] row-major; box = 64 inner x box_outer, 128-byte swizzle,
- * out-of-bounds elements read as zero. */
-static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer,
-                            const char *what) {
+/* 2-D tensor [outer, inner] row-major, bf16 or fp32; box = 128 bytes of inner x box_outer,
+ * 128-byte swizzle; loads read out-of-bounds elements as zero, stores skip them. */
+static mokResult_t make_map_t(CUtensorMap *map, const void *ptr, int fp32, uint64_t inner, uint64_t outer,
+                              uint32_t box_outer, const char *what) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MOK_CHECK(get_encode(&encode));
+  const uint64_t es = fp32 ? 4 : 2;
   cuuint64_t dims[2] = {inner, outer};
-  cuuint64_t strides[1] = {inner * 2};
-  cuuint32_t box[2] = {64, box_outer};
+  cuuint64_t strides[1] = {inner * es};
+  cuuint32_t box[2] = {(cuuint32_t)(128 / es), box_outer};
   cuuint32_t estr[2] = {1, 1};
-  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2, const_cast<void *>(ptr), dims, strides, box, estr,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = encode(map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
+                      const_cast<void *>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
+                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return mok_error(NULL, mokCudaError, "cuTensorMapEncodeTiled(%s: %llu x %llu, box %u) failed: CUresult %d",
                      what, (unsigned long long)outer, (unsigned long long)inner, box_outer, (int)r);
   return mokSuccess;
+}
+static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer,
+                            const char *what) {
+  return make_map_t(map, ptr, 0, inner, outer, box_outer, what);
 }
 
 /* ---- launch -------------------------------------------------------------------------- */
@@ -159,7 +173,7 @@ static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStrea
                      major * 10);
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int smem = TileConfig<BN>::smem_bytes(args.num_experts);
+  const int smem = TileConfig<KIND, BN>::kSmemBytes;
   if (smem > optin)
     return mok_error(NULL, mokNotSupported, "grouped GEMM: needs %d bytes of shared memory per block, device has %d",
                      smem, optin);
@@ -179,10 +193,16 @@ static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStrea
 
 template <int KIND>
 static mokResult_t launch_bn(int bn, const GemmTileArgs &args, int64_t max_tiles, cudaStream_t stream) {
-  switch (bn) {
-    case 256: return launch<KIND, 256>(args, max_tiles, stream);
-    case 192: return launch<KIND, 192>(args, max_tiles, stream);
-    default: return launch<KIND, 128>(args, max_tiles, stream);
+  if constexpr (KIND == kDownDgrad) {
+    return launch<KIND, 128>(args, max_tiles, stream);
+  } else if constexpr (KIND == kGateUpFwd) {
+    return bn == 256 ? launch<KIND, 256>(args, max_tiles, stream) : launch<KIND, 128>(args, max_tiles, stream);
+  } else {
+    switch (bn) {
+      case 256: return launch<KIND, 256>(args, max_tiles, stream);
+      case 192: return launch<KIND, 192>(args, max_tiles, stream);
+      default: return launch<KIND, 128>(args, max_tiles, stream);
+    }
   }
 }
 
@@ -215,15 +235,18 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
+  MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, ts.out_cols, "w_gate"));
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, ts.out_cols, "w_up"));
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = inter;
-  a.ld_aux = 2 * inter;
+  MOK_CHECK(make_map(&a.tm_out0, act, inter, rows->capacity, 64, "act"));
+  if (gu) MOK_CHECK(make_map(&a.tm_out1, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
+  else a.tm_out1 = a.tm_out0;
+  a.tm_aux = a.tm_out0;
+  a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
-  a.out0 = act;
-  a.out1 = gu;
   return launch_bn<kGateUpFwd>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
@@ -239,12 +262,14 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
+  MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
   a.n_out = hidden;
   a.k_len = inter;
   a.b_rows = hidden;
-  a.out0 = y;
+  MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, 64, "y"));
+  a.tm_out1 = a.tm_aux = a.tm_out0;
   return launch_bn<kDownFwd>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 
@@ -263,15 +288,16 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, dy, hidden, rows->capacity, kBM, "dy"));
+  MOK_CHECK(make_map(&a.tm_a64, dy, hidden, rows->capacity, 64, "dy"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, 64, "w_down"));
   a.tm_b1 = a.tm_b0;
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = hidden;
-  a.ld_aux = 2 * inter;
   a.limit = swiglu_limit;
-  a.out0 = dgu;
-  a.aux_in = gu;
+  MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
+  MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 64, "dgu"));
+  a.tm_out1 = a.tm_out0;
   return launch_bn<kDownDgrad>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
@@ -289,12 +315,14 @@ extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidd
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, dgu, 2 * (uint64_t)inter, rows->capacity, kBM, "dgu"));
+  MOK_CHECK(make_map(&a.tm_a64, dgu, 2 * (uint64_t)inter, rows->capacity, 64, "dgu"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate"));
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
   a.n_out = hidden;
   a.k_len = 2 * inter;
   a.b_rows = inter;
-  a.out0 = dx;
+  MOK_CHECK(make_map(&a.tm_out0, dx, hidden, rows->capacity, 64, "dx"));
+  a.tm_out1 = a.tm_aux = a.tm_out0;
   return launch_bn<kGateUpDgrad>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 
@@ -310,12 +338,19 @@ static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t
   MOK_CHECK(make_map(&a.tm_a, a_rows, (uint64_t)m_w, rows->capacity, 64, "wgrad A"));
   MOK_CHECK(make_map(&a.tm_b0, b_rows, (uint64_t)n_w, rows->capacity, 64, "wgrad B"));
   a.tm_b1 = a.tm_b0;
+  a.tm_a64 = a.tm_a;
   a.n_out = n_w;
   a.m_w = m_w;
   a.m_split = m_split;
   a.out_fp32 = dtype == mokDtypeFP32;
-  a.out0 = out0;
-  a.out1 = out1;
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map_t(&a.tm_out0, out0, a.out_fp32, (uint64_t)n_w, E * (uint64_t)m_split, 64, "weight gradient"));
+  if (m_w > m_split)
+    MOK_CHECK(make_map_t(&a.tm_out1, out1, a.out_fp32, (uint64_t)n_w, E * (uint64_t)(m_w - m_split), 64,
+                         "weight gradient"));
+  else
+    a.tm_out1 = a.tm_out0;
+  a.tm_aux = a.tm_out0;
   const int64_t tiles = (int64_t)rows->num_experts * ((m_w + kBM - 1) / kBM) * ((n_w + ts.bn - 1) / ts.bn);
   return launch_bn<kWgradGateUp>(ts.bn, a, tiles, stream);
 }

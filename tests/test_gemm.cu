@@ -25,19 +25,29 @@ MOK_TEST(gemm_tile_rule) {
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 7168, 2048, &s));
   CHECK(s.bn == 256 && s.out_cols == 128 && s.bm == 128 && s.bk == 64 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2880, 2880, &s));
-  CHECK(s.bn == 192 && s.out_cols == 96); /* 2880 = 30 x 96: no padded columns */
+  CHECK(s.bn == 256 && s.out_cols == 128); /* 2944 padded columns: 2.2% over 2880, within 3% */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2048, 704, &s));
+  CHECK(s.bn == 128 && s.out_cols == 64); /* 704: 768 for 128 columns (9% over) */
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 2880, 2880, &s));
-  CHECK(s.bn == 192 && s.stages == 5);
+  CHECK(s.bn == 192 && s.stages == 4); /* 2880 = 15 x 192; 256 would pad 6.7% */
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 7168, 2048, &s));
-  CHECK(s.bn == 256);
+  CHECK(s.bn == 256 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownDgrad, 2048, 768, &s));
-  CHECK(s.bn == 256); /* 768 = 3 x 256 */
+  CHECK(s.bn == 128 && s.stages == 5); /* always 128: its g and u are staged beside the ring */
   CHECK_OK(mok_gemm_tile_shape(mokGemmWgradDown, 4096, 320, &s));
-  CHECK(s.bn == 192 || s.bn == 128); /* 320: 384 for 128 and 192, 512 for 256 -> 192 */
-  CHECK(s.bn == 192);
+  CHECK(s.bn == 192); /* 320: 384 for 128 and 192, 512 for 256 -> the wider of the tie */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmWgradGateUp, 4096, 320, &s));
+  CHECK(s.bn == 256 && s.stages == 4);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpDgrad, 2048, 768, &s));
+  CHECK(s.bn == 256 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 64, 64, &s));
-  CHECK(s.out_cols == 64 && s.bn == 128);
+  CHECK(s.out_cols == 64 && s.bn == 128 && s.stages == 6);
   CHECK(s.smem_bytes <= 227 * 1024);
+  for (int k = 0; k < mokGemmNumKinds; ++k) /* every plan fits, at every width the rule picks */
+    for (int n = 64; n <= 4096; n += 64) {
+      CHECK_OK(mok_gemm_tile_shape((mokGemmKind_t)k, n, n, &s));
+      CHECK(s.smem_bytes <= 227 * 1024 && s.stages >= 3);
+    }
   CHECK_STATUS(mok_gemm_tile_shape(mokGemmDownFwd, 100, 64, &s), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "multiples of 64") != NULL);
   CHECK_STATUS(mok_gemm_tile_shape((mokGemmKind_t)17, 64, 64, &s), mokInvalidArgument);
@@ -367,8 +377,7 @@ MOK_GPU_TEST(gemm_gpu_many_experts, 1) {
 }
 
 /* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */
-/* Row-grouped tiles of a persistent CTA (host mirror of gemm_sched_init /
- * gemm_decode_tile): how many times a CTA runs a 64-row tail tile right after a full
+/* Row-grouped tiles of a persistent CTA (host mirror of gemm_decode_tile): how many times a CTA runs a 64-row tail tile right after a full
  * one. There the idle warpgroup used to leave three of its warps behind the ring. */
 static int full_then_tail(int E, const int32_t *off, int n_tiles, int grid) {
   int total = 0, count = 0;

@@ -168,10 +168,11 @@ static double rel_dev(const void *d, const void *h, size_t n, size_t esz, double
   return *den ? sqrt(*num / *den) : sqrt(*num);
 }
 
-static void run_case(test_ctx *t, mokComm_t *comms, int N, int mode, float clamp, mokDtype_t gdt, const char *label) {
+static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int mode, float clamp, mokDtype_t gdt,
+                     const char *label) {
   gpu_case *c = calloc(1, sizeof *c);
   CHECK(case_init(c, N, mode, clamp, gdt, test_seed() ^ (uint64_t)(mode * 31 + N)));
-  c->impl = mokImplBaseline;
+  c->impl = impl;
   mokResult_t rc = mokLocalRun(N, comms, rank_run, c);
   CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
   const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, El = c->El;
@@ -200,34 +201,29 @@ static void run_case(test_ctx *t, mokComm_t *comms, int N, int mode, float clamp
   }
 }
 
-static void all_routings(test_ctx *t, int N) {
+static void all_routings(test_ctx *t, int N, mokImpl_t impl) {
   mokComm_t comms[MAXR] = {0};
   CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
-  run_case(t, comms, N, RT_RANDOM, 0.f, mokDtypeBF16, "random");
-  if (!t->failed) run_case(t, comms, N, RT_DUP_EMPTY, 1.0f, mokDtypeFP32, "duplicates/-1, clamp, fp32 grads");
-  if (!t->failed) run_case(t, comms, N, RT_ONE_EXPERT, 0.f, mokDtypeBF16, "one expert, no shared");
-  if (!t->failed) run_case(t, comms, N, RT_EMPTY_EXPERTS, 0.f, mokDtypeFP32, "empty experts, a rank with 0 tokens");
-  if (!t->failed) run_case(t, comms, N, RT_UNEVEN, 0.5f, mokDtypeBF16, "uneven tokens, clamp");
+  run_case(t, comms, N, impl, RT_RANDOM, 0.f, mokDtypeBF16, "random");
+  if (!t->failed) run_case(t, comms, N, impl, RT_DUP_EMPTY, 1.0f, mokDtypeFP32, "duplicates/-1, clamp, fp32 grads");
+  if (!t->failed) run_case(t, comms, N, impl, RT_ONE_EXPERT, 0.f, mokDtypeBF16, "one expert, no shared");
+  if (!t->failed) run_case(t, comms, N, impl, RT_EMPTY_EXPERTS, 0.f, mokDtypeFP32, "empty experts, a rank with 0 tokens");
+  if (!t->failed) run_case(t, comms, N, impl, RT_UNEVEN, 0.5f, mokDtypeBF16, "uneven tokens, clamp");
   mokLocalCommsDestroy(N, comms);
 }
 
-MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1); }
-MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2); }
+MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplBaseline); }
+MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplBaseline); }
 
 /* The same layer with mok's own grouped Hopper GEMMs as the expert GEMM engine
- * (MOK_EXPERT_GEMM=mok, read when a layer is created). */
-static void all_routings_mok_gemm(test_ctx *t, int N) {
-  setenv("MOK_EXPERT_GEMM", "mok", 1);
-  all_routings(t, N);
-  unsetenv("MOK_EXPERT_GEMM");
-}
-MOK_GPU_TEST(layer_mok_gemm_matches_reference_1gpu, 1) { all_routings_mok_gemm(t, 1); }
-MOK_GPU_TEST(layer_mok_gemm_matches_reference_2gpu, 2) { all_routings_mok_gemm(t, 2); }
+ * (mokImplNccl; what mokImplAuto runs on Hopper). */
+MOK_GPU_TEST(layer_nccl_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplNccl); }
+MOK_GPU_TEST(layer_nccl_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplNccl); }
 
 /* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
 typedef struct {
   gpu_case c;
-  mokResult_t first[MAXR], again_host[MAXR], nofwd[MAXR], one_fwd[MAXR], one_bwd[MAXR];
+  mokResult_t first[MAXR], again_host[MAXR], nofwd[MAXR], one_fwd[MAXR], one_bwd[MAXR], other_impl[MAXR];
   mokBf16 first_out[MAXR];
 } bad_case;
 
@@ -242,6 +238,8 @@ static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
   mokRankInput_t other = c->din[s];
   other.num_tokens = c->T[s] - 1;
   b->nofwd[s] = mokLayerBackward(c->layer[s], mokImplBaseline, &other, &c->dw[s], c->dout_d[s], &c->dg[s], st);
+  /* the forward ran the baseline: a backward through the other GEMM engine is refused */
+  b->other_impl[s] = mokLayerBackward(c->layer[s], mokImplNccl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
   /* host pointer for x: refused before any collective work */
   mokRankInput_t host_in = c->din[s];
   host_in.x = c->in[s].x;
@@ -284,6 +282,8 @@ MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) {
     CHECK_MSG(b->first_out[s] == 0x7777, "rank %d: out was written after a refused forward", s);
     CHECK(b->again_host[s] == mokInvalidArgument);
     CHECK(b->nofwd[s] == mokInvalidUsage);
+    CHECK_MSG(b->other_impl[s] == mokInvalidUsage, "rank %d: backward with another impl gave %s", s,
+              mokGetErrorName(b->other_impl[s]));
     CHECK_MSG(b->one_fwd[s] == mokInvalidArgument, "rank %d: forward with one refusing peer gave %s", s,
               mokGetErrorName(b->one_fwd[s]));
     CHECK_MSG(b->one_bwd[s] == mokInvalidArgument, "rank %d: backward with one refusing peer gave %s", s,

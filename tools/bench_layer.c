@@ -344,14 +344,14 @@ static int split_list(char *s, char **items, int max) {
 }
 
 static void usage(void) {
-  printf("usage: mok bench layer [--impl baseline] [--model A,B,..] [--tokens T1,T2,..] [--gpus N]\n"
+  printf("usage: mok bench layer [--impl nccl,baseline] [--model A,B,..] [--tokens T1,T2,..] [--gpus N]\n"
          "                       [--routing uniform|zipf:S|hot:E] [--iters 20] [--warmup 3]\n"
          "                       [--check-tokens 2] [--check-experts 1] [--seed S] [--grad-dtype bf16|fp32]\n"
          "                       [--json FILE]\n"
-         "                       [--gemm cublas|mok]\n"
          "  Times forward and forward+backward of the MoE layer on N local GPUs (EP over N ranks;\n"
          "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n"
-         "  --gemm mok: the baseline with mok's grouped Hopper GEMMs instead of cuBLAS (base+mokG).\n");
+         "  --impl: one or more of auto, nccl (NCCL all-to-all + mok's grouped Hopper GEMMs) and\n"
+         "  baseline (NCCL all-to-all + cuBLAS), each timed on the same data, side by side.\n");
 }
 
 int mok_bench_layer_main(int argc, char **argv) {
@@ -359,9 +359,8 @@ int mok_bench_layer_main(int argc, char **argv) {
   const char *json = NULL, *routing_s = "uniform";
   int gpus = 0, iters = 20, warmup = 3, check_tokens = 2, check_exp = 1;
   long long seed = 1;
-  mokImpl_t impl = mokImplBaseline;
+  char impls_s[64] = "nccl,baseline";
   mokDtype_t gdt = mokDtypeBF16;
-  const char *gemm = "cublas";
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) return usage(), 0;
@@ -378,14 +377,8 @@ int mok_bench_layer_main(int argc, char **argv) {
     else if (!strcmp(a, "--check-experts")) check_exp = atoi(v);
     else if (!strcmp(a, "--seed")) seed = atoll(v);
     else if (!strcmp(a, "--grad-dtype")) gdt = !strcmp(v, "fp32") ? mokDtypeFP32 : mokDtypeBF16;
-    else if (!strcmp(a, "--gemm")) {
-      if (strcmp(v, "cublas") && strcmp(v, "mok"))
-        return fprintf(stderr, "mok bench layer: --gemm takes cublas or mok, not '%s'\n", v), 2;
-      gemm = v;
-    }
     else if (!strcmp(a, "--impl")) {
-      if (strcmp(v, "baseline") && strcmp(v, "auto"))
-        return fprintf(stderr, "mok bench layer: --impl '%s' is not built (baseline, auto)\n", v), 2;
+      snprintf(impls_s, sizeof impls_s, "%s", v);
     } else return fprintf(stderr, "mok bench layer: unknown option '%s' (see --help)\n", a), 2;
   }
   if (iters < 1 || warmup < 0 || check_tokens < 0)
@@ -394,9 +387,16 @@ int mok_bench_layer_main(int argc, char **argv) {
   if (!strncmp(routing_s, "zipf:", 5)) routing = (mokRouting_t){mokRoutingZipf, atof(routing_s + 5)};
   else if (!strncmp(routing_s, "hot:", 4)) routing = (mokRouting_t){mokRoutingHot, atof(routing_s + 4)};
   else if (strcmp(routing_s, "uniform")) return fprintf(stderr, "mok bench layer: bad --routing '%s'\n", routing_s), 2;
-  /* the expert GEMM engine of the baseline is chosen when a layer is created */
-  if (!strcmp(gemm, "mok")) setenv("MOK_EXPERT_GEMM", "mok", 1);
-  const char *label = !strcmp(gemm, "mok") ? "base+mokG" : "baseline";
+  char *impl_names[4];
+  mokImpl_t impls[4];
+  const int ni = split_list(impls_s, impl_names, 4);
+  for (int q = 0; q < ni; q++) {
+    if (!strcmp(impl_names[q], "auto")) impls[q] = mokImplAuto;
+    else if (!strcmp(impl_names[q], "nccl")) impls[q] = mokImplNccl;
+    else if (!strcmp(impl_names[q], "baseline")) impls[q] = mokImplBaseline;
+    else return fprintf(stderr, "mok bench layer: --impl '%s' is not built (auto, nccl, baseline)\n", impl_names[q]), 2;
+  }
+  if (ni == 0) return fprintf(stderr, "mok bench layer: --impl needs at least one of auto, nccl, baseline\n"), 2;
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess || visible == 0)
     return fprintf(stderr, "mok bench layer: no CUDA GPU found; this benchmark needs GPUs\n"), 2;
@@ -411,9 +411,12 @@ int mok_bench_layer_main(int argc, char **argv) {
   if (json && !jf) fprintf(stderr, "mok bench layer: cannot write %s\n", json);
   if (jf) fprintf(jf, "[\n");
   int bad = 0, rows = 0;
-  char table[16 * 16][320];
+  static char table[16 * 16 * 4][320];
   for (int mi = 0; mi < nm; mi++)
-    for (int ti = 0; ti < nt; ti++) {
+    for (int ti = 0; ti < nt; ti++)
+      for (int ii = 0; ii < ni; ii++) {
+      const char *label = impl_names[ii];
+      const mokImpl_t impl = impls[ii];
       bench_t *b = calloc(1, sizeof *b);
       pthread_mutex_init(&b->mu, NULL);
       mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
@@ -428,12 +431,12 @@ int mok_bench_layer_main(int argc, char **argv) {
       b->cfg = cfg, b->N = gpus, b->iters = iters, b->warmup = warmup, b->check_tokens = check_tokens;
       b->check_experts = check_exp;
       b->seed = (uint64_t)seed, b->routing = routing, b->impl = impl;
-      printf("[%s T=%d EP%d] generating data and creating the layer ...\n", models[mi], b->T, gpus);
+      printf("[%s T=%d EP%d %s] generating data and creating the layer ...\n", models[mi], b->T, gpus, label);
       fflush(stdout);
       double t0 = now_s();
       mokResult_t rc = mokLocalRun(gpus, comms, rank_setup, b);
       if (rc == mokSuccess) {
-        printf("[%s T=%d EP%d] timing %d+%d forward and forward+backward passes ...\n", models[mi], b->T, gpus, warmup,
+        printf("[%s T=%d EP%d %s] timing %d+%d forward and forward+backward passes ...\n", models[mi], b->T, gpus, label, warmup,
                iters);
         fflush(stdout);
         rc = mokLocalRun(gpus, comms, rank_time, b);
@@ -446,7 +449,7 @@ int mok_bench_layer_main(int argc, char **argv) {
         continue;
       }
       /* float64 check of sampled tokens (first, last, spread), one thread each */
-      printf("[%s T=%d EP%d] float64 check of %d tokens per rank ...\n", models[mi], b->T, gpus, check_tokens);
+      printf("[%s T=%d EP%d %s] float64 check of %d tokens per rank ...\n", models[mi], b->T, gpus, label, check_tokens);
       fflush(stdout);
       int nj = 0;
       check_job jobs[MAXG * 16];
@@ -457,8 +460,8 @@ int mok_bench_layer_main(int argc, char **argv) {
       for (int q = 0; q < nj; q++) pthread_create(&th[q], NULL, check_token, &jobs[q]);
       for (int q = 0; q < nj; q++) pthread_join(th[q], NULL);
       if (check_exp > 0) {
-        printf("[%s T=%d EP%d] float64 check of sampled weight gradients (most-loaded expert per rank) ...\n",
-               models[mi], b->T, gpus);
+        printf("[%s T=%d EP%d %s] float64 check of sampled weight gradients (most-loaded expert per rank) ...\n",
+               models[mi], b->T, gpus, label);
         fflush(stdout);
         check_experts(b);
       }
@@ -478,15 +481,15 @@ int mok_bench_layer_main(int argc, char **argv) {
       snprintf(table[rows++], sizeof table[0], "%-18s %6d %4d %-9s %9.3f %8.1f %10.3f %8.1f %9.3f %6.2fx  %.2e %s",
                models[mi], b->T, gpus, label, fwd, flops / (fwd * 1e-3) / 1e12, fb,
                3 * flops / (fb * 1e-3) / 1e12, floor_ms, fwd / floor_ms, maxerr, ok ? "ok" : b->fail[0] ? "FAILED" : "WRONG");
-      printf("[%s T=%d EP%d] forward %.3f ms, forward+backward %.3f ms, check %.2e (%s), %.1f s\n", models[mi], b->T,
-             gpus, fwd, fb, maxerr, ok ? "ok" : "WRONG", now_s() - t0);
+      printf("[%s T=%d EP%d %s] forward %.3f ms, forward+backward %.3f ms, check %.2e (%s), %.1f s\n", models[mi], b->T,
+             gpus, label, fwd, fb, maxerr, ok ? "ok" : "WRONG", now_s() - t0);
       if (jf)
         fprintf(jf,
-                "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"baseline\", \"gemm\": \"%s\", \"routing\": \"%s\", "
+                "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"%s\", \"routing\": \"%s\", "
                 "\"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f, "
                 "\"fwd_floor_ms\": %.4f, \"err_out\": %.3e, \"err_dx\": %.3e, \"err_dtopk_w\": %.3e, \"err_dw\": %.3e, "
                 "\"ok\": %s}",
-                rows > 1 ? ",\n" : "", models[mi], b->T, gpus, gemm, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
+                rows > 1 ? ",\n" : "", models[mi], b->T, gpus, label, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
                 3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], err[3], ok ? "true" : "false");
       fflush(stdout);
       mokLocalRun(gpus, comms, rank_free, b);

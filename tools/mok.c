@@ -109,7 +109,7 @@ static void run_help(void) {
   int count = 0;
   const char *name = NULL;
   mokModelName(0, &name, &count);
-  printf("usage: mok run [--impl auto|cpu|baseline] [--model NAME | --hidden H --inter I --experts E --topk K\n"
+  printf("usage: mok run [--impl auto|cpu|nccl|baseline] [--model NAME | --hidden H --inter I --experts E --topk K\n"
          "               [--shared-inter IS]] [--ranks N] [--tokens T] [--seed S]\n"
          "               [--routing uniform|zipf:S|hot:E] [--grad-dtype bf16|fp32]\n"
          "               [--swiglu-limit L] [--row-pad P]\n"
@@ -118,7 +118,8 @@ static void run_help(void) {
          "  sum = the float64 sum of the elements, l2 = sqrt of the sum of squares. Runs with\n"
          "  the same seed and shape agree to about 1e-2 (relative) on every implementation.\n"
          "  --impl cpu    the float64 CPU reference (DESIGN.md section 2a), N simulated ranks\n"
-         "  --impl baseline  the GPU layer (NCCL all-to-all + cuBLAS), one rank per GPU\n"
+         "  --impl nccl   the GPU layer: NCCL all-to-all + mok's grouped Hopper GEMMs, one rank per GPU\n"
+         "  --impl baseline  the conventional GPU layer: NCCL all-to-all + cuBLAS expert GEMMs\n"
          "  --impl auto   (default) the fastest implementation built for this machine: the GPU\n"
          "                layer on all local GPUs (N = GPU count), else the CPU reference\n"
          "  --model       one of:");
@@ -229,13 +230,14 @@ static int cmd_run(int argc, char **argv) {
       if (!found) return usage_error("run", "unknown option '%s'", a);
     }
   }
-  if (strcmp(impl, "auto") && strcmp(impl, "cpu") && strcmp(impl, "baseline"))
-    return usage_error("run", "--impl '%s' is not built: this build has auto, cpu and baseline", impl);
+  if (strcmp(impl, "auto") && strcmp(impl, "cpu") && strcmp(impl, "baseline") && strcmp(impl, "nccl"))
+    return usage_error("run", "--impl '%s' is not built: this build has auto, cpu, nccl and baseline", impl);
   const int gpus = gpu_count();
   /* auto: the GPUs when there are any (one rank per GPU), else the CPU reference */
-  const int on_gpu = !strcmp(impl, "baseline") || (!strcmp(impl, "auto") && gpus > 0);
+  const int on_gpu = !strcmp(impl, "baseline") || !strcmp(impl, "nccl") || (!strcmp(impl, "auto") && gpus > 0);
   if (on_gpu && gpus == 0)
-    return fprintf(stderr, "mok run: --impl baseline needs CUDA GPUs and none was found ('mok info')\n"), 2;
+    return fprintf(stderr, "mok run: --impl %s needs CUDA GPUs and none was found ('mok info')\n", impl), 2;
+  const mokImpl_t gpu_impl = !strcmp(impl, "baseline") ? mokImplBaseline : !strcmp(impl, "nccl") ? mokImplNccl : mokImplAuto;
   if (ranks < 0) ranks = on_gpu ? gpus : 4;
   if (on_gpu && ranks > gpus) {
     fprintf(stderr, "mok run: --ranks %ld but %d GPU(s): the GPU layer runs one rank per GPU\n", ranks, gpus);
@@ -287,7 +289,8 @@ static int cmd_run(int argc, char **argv) {
       printf("no CUDA GPU found: running the CPU reference (float64) on %d simulated ranks.\n"
              "A GPU run needs NVIDIA Hopper GPUs (sm_90a) with NCCL 2.28+; 'mok info' shows what is here.\n", N);
     else
-      printf("%d GPU(s) found: running the baseline GPU layer (NCCL all-to-all + cuBLAS), one rank per GPU.\n", N);
+      printf("%d GPU(s) found: running the GPU layer (NCCL all-to-all + mok's grouped GEMMs on Hopper), one rank per "
+             "GPU.\n", N);
   }
   double need = reference_bytes(&cfg, T);
   if (on_gpu) need = need / 22 * 6; /* host copies only: no float64 widening */
@@ -344,9 +347,9 @@ static int cmd_run(int argc, char **argv) {
     double fms = 0, bms = 0;
     printf("forward + backward on %d GPU(s) ...\n", N);
     fflush(stdout);
-    if (mok_run_on_gpus(&cfg, mokImplBaseline, in, w, dout, out, g, &fms, &bms)) goto done;
-    printf("impl baseline: forward %.3f ms, backward %.3f ms (second call, slowest rank; 'mok bench layer' times properly)\n",
-           fms, bms);
+    if (mok_run_on_gpus(&cfg, gpu_impl, in, w, dout, out, g, &fms, &bms)) goto done;
+    printf("impl %s: forward %.3f ms, backward %.3f ms (second call, slowest rank; 'mok bench layer' times properly)\n",
+           impl, fms, bms);
   } else {
     printf("forward ...\n");
     fflush(stdout);

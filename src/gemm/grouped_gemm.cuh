@@ -1,31 +1,41 @@
 /*
  * grouped_gemm.cuh — the expert GEMM tiles of mok on Hopper: TMA loads into a ring of
  * shared-memory stages, wgmma from shared memory, one producer warpgroup and two
- * consumer warpgroups (warp specialised), epilogues written straight from registers.
+ * consumer warpgroups (warp specialised), epilogues staged in shared memory and written
+ * by asynchronous TMA stores.
  *
  * Everything is a device function over one tile, so a persistent megakernel's compute
  * CTAs can run exactly this code for any tile index in a fixed task order:
  *
- *   GemmSched: built once per CTA from expert_offset (gemm_sched_init), maps a tile
- *              index to a TileCoord (gemm_decode_tile); tiles past the rows in use
- *              decode to nothing (index >= gemm_num_tiles).
- *   gemm_tile_produce<KIND, BN>(args, coord, smem, pipe)   one thread of the producer WG
- *   gemm_tile_consume<KIND, BN>(args, coord, smem, pipe, wg) both consumer WGs (wg = 0, 1)
+ *   GemmCursor: a walk over the experts' segment offsets (read from global memory),
+ *               advanced by gemm_decode_tile, which maps a tile index to a TileCoord
+ *               and returns false past the last tile. Cheapest for increasing indices
+ *               (a persistent CTA's order); any index works.
+ *   gemm_tile_produce<KIND, BN>(args, coord, smem, pipe)       one thread of the producer WG
+ *   gemm_tile_consume<KIND, BN>(args, coord, smem, pipe, epi, wg) both consumer WGs (wg = 0, 1)
+ *   gemm_consumer_finish(epi, wg): before a consumer warpgroup exits (drains its stores)
  *   PipeState: the ring position; producer and consumers walk the same tile sequence, so
- *              their positions agree.
+ *              their positions agree. EpiState: a consumer warpgroup's staging state.
  *
  * Tile: BM = 128 rows (consumer warpgroup wg owns rows wg*64 .. +64), BN output columns
  * (128, 192 or 256; gate+up holds BN/2 gate and the same BN/2 up columns, so one thread
  * owns g and u of the same element), BK = 64 (one 128-byte swizzle row of bf16).
- * Shared memory per stage: A 128 x 64 (16 KB) then B BN x 64; K-major operands are one
- * TMA box of 64-element rows, MN-major ones are 64-wide MN chunks of 64 K-rows (8 KB).
+ * Shared memory: the ring of stages (A 128 x 64, 16 KB, then B BN x 64; K-major operands
+ * are one TMA box of 64-element rows, MN-major ones 64-wide MN chunks of 64 K-rows, 8 KB
+ * each), then the epilogue area, then the mbarriers. Epilogue area per consumer
+ * warpgroup: two 8 KB staging chunks (64 rows x 128 bytes, TMA's 128-byte swizzle) used
+ * in turn: the warpgroup writes a chunk with stmatrix, one thread stores it with a TMA
+ * store and the warpgroup goes on while the copy runs; a chunk is rewritten only after
+ * its previous store has read it. Down dgrad (BN = 128) has four chunks per warpgroup
+ * instead: the tile's g and u, loaded by TMA when the tile starts (so the load overlaps
+ * the main loop), turned into dg and du in place and stored from there.
  *
  * Row-grouped kinds (forward, dgrad): M = the schedule's rows. The tiles of expert e are
  * ordered n-block major, m-block minor, experts in order, so the CTAs running at one time
  * share the weight block (and the rows) through L2. A tile whose second half lies past
  * the segment end runs on one warpgroup; one warp of the other keeps the ring in step,
- * then that warpgroup meets on named barrier 1 + wg (gemm_tile_consume): a kernel that
- * embeds these tiles leaves barrier ids 1 and 2 to them.
+ * then that warpgroup meets on named barrier 1 + wg (gemm_tile_consume; the epilogue
+ * uses the same barriers): a kernel that embeds these tiles leaves ids 1 and 2 to them.
  * Weight-gradient kinds: M x N = the weight's [out, in], K = expert e's rows, reduced in
  * row order inside one tile (no split-K), so results are bitwise reproducible.
  */
@@ -35,7 +45,7 @@
 #include <cuda_bf16.h> /* defines: __nv_bfloat162, __float22bfloat162_rn */
 #include <stdint.h>
 
-#include "gemm/sm90_primitives.cuh" /* defines: mbarrier_*, tma_load_2d, wgmma_*, setmaxnreg_* */
+#include "gemm/sm90_primitives.cuh" /* defines: mbarrier_*, tma_*, bulk_*, stmatrix_x4, wgmma_* */
 
 namespace mok_sm90 {
 
@@ -47,6 +57,8 @@ constexpr int kBK = 64;
 constexpr int kThreads = 384; /* WG0 producer, WG1 and WG2 consumers */
 constexpr int kABytes = kBM * kBK * 2;
 constexpr int kChunkBytes = 64 * kBK * 2; /* one MN-major box: 64 MN x 64 K */
+constexpr int kStgBytes = 8192;           /* one epilogue chunk: 64 rows x 128 bytes */
+constexpr int kSmemLimit = 232448;        /* opt-in shared memory per block on sm_90 */
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
 
@@ -57,23 +69,36 @@ struct KindTraits {
   static constexpr int kBMn = (KIND == kDownDgrad || KIND == kGateUpDgrad || kWgrad) ? 1 : 0;
 };
 
-template <int BN>
+/* Shared-memory plan of one kernel: as many stages (<= 6) as fit beside the epilogue
+ * area; offsets from the 1024-aligned base. */
+template <int KIND, int BN>
 struct TileConfig {
-  static constexpr int kStages = BN == 256 ? 4 : BN == 192 ? 5 : 6;
   static constexpr int kBBytes = BN * kBK * 2;
-  static constexpr int kStageBytes = kABytes + kBBytes;
-  static constexpr int kBarOffset = kStages * kStageBytes; /* full[kStages], empty[kStages] */
-  static constexpr int kSchedOffset = kBarOffset + 2 * kStages * 8;
-  /* bytes of dynamic shared memory for E experts (1024 of slack for alignment). */
-  static constexpr int smem_bytes(int experts) { return 1024 + kSchedOffset + 8 * (experts + 1); }
+  static constexpr int kStageBytes = kABytes + kBBytes; /* a multiple of 1024 */
+  static constexpr int kEpiChunks = KIND == kDownDgrad ? 4 : 2; /* per consumer warpgroup */
+  static constexpr int kEpiBytes = 2 * kEpiChunks * kStgBytes;
+  static constexpr int kBarBytes = 256;
+  static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
+  static constexpr int kStages = kFit > 6 ? 6 : kFit;
+  static constexpr int kEpiOffset = kStages * kStageBytes;
+  static constexpr int kBarOffset = kEpiOffset + kEpiBytes; /* full[S], empty[S], aux[2] */
+  static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
+  static_assert(kStages >= 3, "too few pipeline stages");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
+  static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
+  static_assert(KIND != kGateUpFwd || BN != 192, "gate+up stores whole 64-column chunks of act, g and u");
 };
 
 /* Everything a tile reads: backend-neutral sizes and pointers plus the sm90 tensor maps
  * (built on the host; the struct is a __grid_constant__ kernel parameter). */
 struct GemmTileArgs {
-  CUtensorMap tm_a;  /* A operand: rows x K (K-major), or for wgrad rows x M (MN-major) */
-  CUtensorMap tm_b0; /* weights (gate / down) or, for wgrad, the rows x N operand */
-  CUtensorMap tm_b1; /* W_up: second half of N (gate+up fwd) or of K (gate+up dgrad) */
+  CUtensorMap tm_a;    /* A operand: rows x K (K-major), or for wgrad rows x M (MN-major) */
+  CUtensorMap tm_b0;   /* weights (gate / down) or, for wgrad, the rows x N operand */
+  CUtensorMap tm_b1;   /* W_up: second half of N (gate+up fwd) or of K (gate+up dgrad) */
+  CUtensorMap tm_out0; /* stores: act / y / dgu / dx / dW_gate / dW_down (box 64 rows x 128 B) */
+  CUtensorMap tm_out1; /* stores: gu (gate+up fwd) / dW_up */
+  CUtensorMap tm_aux;  /* loads: gu (down dgrad), box 64 x 64 */
+  CUtensorMap tm_a64;  /* row-grouped kinds: A with a 64-row box (tail tiles load only their rows) */
   const int32_t *expert_offset; /* [E_l + 1] */
   int num_experts;
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
@@ -81,12 +106,9 @@ struct GemmTileArgs {
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
   int m_w;        /* wgrad: output rows per expert (2I or H) */
   int m_split;    /* wgrad: rows [0, m_split) go to out0, the rest to out1 */
-  int ld_aux;     /* columns of gu / dgu (2I) */
   float limit;    /* SwiGLU clamp, 0 = off */
   int out_fp32;   /* wgrad output dtype */
-  void *out0;     /* act / y / dgu / dx / dW_gate / dW_down */
-  void *out1;     /* gu (forward, may be NULL) / dW_up */
-  const uint16_t *aux_in; /* gu (down dgrad) */
+  int save_gu;    /* gate+up fwd: store g and u (tm_out1) */
 };
 
 struct TileCoord {
@@ -103,30 +125,26 @@ struct PipeState {
   uint32_t phase;
 };
 
-template <int BN>
+template <int STAGES>
 __device__ __forceinline__ void pipe_advance(PipeState &p) {
-  if (++p.stage == TileConfig<BN>::kStages) {
+  if (++p.stage == STAGES) {
     p.stage = 0;
     p.phase ^= 1u;
   }
 }
 /* n pipe_advance steps at once. */
-template <int BN>
+template <int STAGES>
 __device__ __forceinline__ void pipe_advance_by(PipeState &p, int n) {
   const int s = p.stage + n;
-  p.phase ^= (uint32_t)(s / TileConfig<BN>::kStages) & 1u;
-  p.stage = s % TileConfig<BN>::kStages;
+  p.phase ^= (uint32_t)(s / STAGES) & 1u;
+  p.stage = s % STAGES;
 }
 
-/* Per-CTA schedule in shared memory: off[E+1] (copy of expert_offset) and, for the
- * row-grouped kinds, pre[E+1] = first tile index of each expert. */
-struct GemmSched {
-  int *off;
-  int *pre;
-  int num_experts;
-  int m_tiles_w; /* wgrad: m-blocks per expert */
-  int n_tiles;
-  int total;
+/* A consumer warpgroup's epilogue state: the staging chunk it writes next (0 / 1) and
+ * the parity of its aux barrier (down dgrad). */
+struct EpiState {
+  int buf;
+  uint32_t aux_phase;
 };
 
 template <int KIND, int BN>
@@ -134,107 +152,85 @@ __device__ __forceinline__ int tile_out_cols() {
   return KIND == kGateUpFwd ? BN / 2 : BN;
 }
 
-/* Builds the schedule; called by every thread of the CTA, followed by __syncthreads()
- * before use. Only warp 0 works: a 32-lane scan over the experts. */
+/* ---- schedule: tile index -> coordinates --------------------------------------------
+ * Row-grouped kinds: expert e has ceil(seg_e / 128) * n_tiles tiles; the cursor holds the
+ * first tile index of expert e and its segment bounds, and walks forward (restarting at
+ * expert 0 when asked for an earlier index). Offsets are read with __ldg: they must not
+ * change while the kernel runs. */
+struct GemmCursor {
+  int e, first, o0, o1;
+};
+
+__device__ __forceinline__ void gemm_cursor_init(const int32_t *off, GemmCursor &cu) {
+  cu.e = 0;
+  cu.first = 0;
+  cu.o0 = __ldg(off);
+  cu.o1 = __ldg(off + 1);
+}
+
+/* false: t is past the last tile. */
 template <int KIND, int BN>
-__device__ void gemm_sched_init(const GemmTileArgs &a, int *off, int *pre) {
-  if (threadIdx.x >= 32) return;
-  const int E = a.num_experts, lane = threadIdx.x;
+__device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t, TileCoord &c) {
   const int n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
-  const int per = (E + 31) / 32, lo = lane * per, hi = min(E, lo + per);
-  int local = 0;
-  for (int e = lo; e < hi; ++e) {
-    int o0 = __ldg(a.expert_offset + e), o1 = __ldg(a.expert_offset + e + 1);
-    off[e] = o0;
-    if (e == E - 1) off[E] = o1;
-    local += (o1 - o0 + kBM - 1) / kBM * n_tiles;
-  }
-  int incl = local;
-#pragma unroll
-  for (int d = 1; d < 32; d <<= 1) {
-    int v = __shfl_up_sync(0xffffffffu, incl, d);
-    if (lane >= d) incl += v;
-  }
-  int run = incl - local;
-  for (int e = lo; e < hi; ++e) {
-    pre[e] = run;
-    int o0 = __ldg(a.expert_offset + e), o1 = __ldg(a.expert_offset + e + 1);
-    run += (o1 - o0 + kBM - 1) / kBM * n_tiles;
-  }
-  if (lane == 31) pre[E] = incl;
-}
-
-template <int KIND, int BN>
-__device__ __forceinline__ GemmSched gemm_sched_view(const GemmTileArgs &a, int *off, int *pre) {
-  GemmSched s;
-  s.off = off;
-  s.pre = pre;
-  s.num_experts = a.num_experts;
-  s.n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
   if (KindTraits<KIND>::kWgrad) {
-    s.m_tiles_w = (a.m_w + kBM - 1) / kBM;
-    s.total = a.num_experts * s.m_tiles_w * s.n_tiles;
-  } else {
-    s.m_tiles_w = 0;
-    s.total = pre[a.num_experts];
-  }
-  return s;
-}
-
-/* Tile index (0 <= t < s.total) -> coordinates. */
-template <int KIND, int BN>
-__device__ __forceinline__ TileCoord gemm_decode_tile(const GemmTileArgs &a, const GemmSched &s, int t) {
-  TileCoord c;
-  if (KindTraits<KIND>::kWgrad) {
-    const int per_e = s.m_tiles_w * s.n_tiles;
+    const int m_tiles = (a.m_w + kBM - 1) / kBM, per_e = m_tiles * n_tiles;
     const int e = t / per_e, r = t - e * per_e;
-    const int nb = r / s.m_tiles_w, mb = r - nb * s.m_tiles_w;
+    if (e >= a.num_experts) return false;
+    const int nb = r / m_tiles, mb = r - nb * m_tiles;
+    const int o0 = __ldg(a.expert_offset + e), o1 = __ldg(a.expert_offset + e + 1);
     c.expert = e;
     c.m0 = mb * kBM;
     c.m_end = a.m_w;
     c.n0 = nb * BN;
-    c.k0 = s.off[e];
-    c.k_blocks = (s.off[e + 1] - s.off[e]) / kBK;
-  } else {
-    int lo = 0, hi = s.num_experts; /* largest e with pre[e] <= t (skips empty experts) */
-    while (hi - lo > 1) {
-      int mid = (lo + hi) >> 1;
-      if (s.pre[mid] <= t) lo = mid;
-      else hi = mid;
-    }
-    const int e = lo, r = t - s.pre[e];
-    const int seg = s.off[e + 1] - s.off[e];
-    const int mt = (seg + kBM - 1) / kBM;
-    const int nb = r / mt, mb = r - nb * mt;
-    c.expert = e;
-    c.m0 = s.off[e] + mb * kBM;
-    c.m_end = s.off[e + 1];
-    c.n0 = nb * tile_out_cols<KIND, BN>();
-    c.k0 = 0;
-    c.k_blocks = a.k_len / kBK;
+    c.k0 = o0;
+    c.k_blocks = (o1 - o0) / kBK;
+    return true;
   }
-  return c;
+  if (t < cu.first) gemm_cursor_init(a.expert_offset, cu);
+  for (;;) {
+    if (cu.e >= a.num_experts) return false;
+    const int tiles = (cu.o1 - cu.o0 + kBM - 1) / kBM * n_tiles;
+    if (t < cu.first + tiles) break;
+    cu.first += tiles;
+    if (++cu.e < a.num_experts) {
+      cu.o0 = cu.o1;
+      cu.o1 = __ldg(a.expert_offset + cu.e + 1);
+    }
+  }
+  const int r = t - cu.first, mt = (cu.o1 - cu.o0 + kBM - 1) / kBM;
+  const int nb = r / mt, mb = r - nb * mt;
+  c.expert = cu.e;
+  c.m0 = cu.o0 + mb * kBM;
+  c.m_end = cu.o1;
+  c.n0 = nb * tile_out_cols<KIND, BN>();
+  c.k0 = 0;
+  c.k_blocks = a.k_len / kBK;
+  return true;
 }
 
 /* ---- producer: one thread issues every TMA load of the tile ----------------------- */
 template <int KIND, int BN>
 __device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p) {
-  using TC = TileConfig<BN>;
+  using TC = TileConfig<KIND, BN>;
   using KT = KindTraits<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
+  /* a row-grouped tile with 64 rows in its segment loads only those (the consumers never
+   * read rows 64-127 of such a stage) */
+  const bool tail64 = !KT::kAMn && c.m0 + 64 >= c.m_end;
+  const uint32_t stage_tx = TC::kStageBytes - (tail64 ? kChunkBytes : 0);
   for (int kb = 0; kb < c.k_blocks; ++kb) {
     mbarrier_wait_parity(&empty[p.stage], p.phase ^ 1u); /* consumers freed this slot */
     uint64_t *bar = &full[p.stage];
     char *sa = smem + p.stage * TC::kStageBytes;
     char *sb = sa + kABytes;
-    mbarrier_arrive_expect_tx(bar, TC::kStageBytes);
+    mbarrier_arrive_expect_tx(bar, stage_tx);
     const int kk = kb * kBK;
     if (KT::kAMn) { /* wgrad: A = rows x M, M contiguous: two 64-wide chunks */
       tma_load_2d(sa, &a.tm_a, bar, c.m0, c.k0 + kk);
       tma_load_2d(sa + kChunkBytes, &a.tm_a, bar, c.m0 + 64, c.k0 + kk);
     } else {
-      tma_load_2d(sa, &a.tm_a, bar, kk, c.m0);
+      tma_load_2d(sa, tail64 ? &a.tm_a64 : &a.tm_a, bar, kk, c.m0);
     }
     if (KIND == kGateUpFwd) { /* [E*I, H] gate rows then up rows of the same columns */
       const int row = c.expert * a.b_rows + c.n0;
@@ -257,17 +253,17 @@ __device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, cha
 #pragma unroll
       for (int ch = 0; ch < BN / 64; ++ch) tma_load_2d(sb + ch * kChunkBytes, map, bar, c.n0 + ch * 64, krow);
     }
-    pipe_advance<BN>(p);
+    pipe_advance<TC::kStages>(p);
   }
 }
 
 /* ---- epilogues ------------------------------------------------------------------------
  * Accumulator d[4j+q] of m64nNk16 holds row warp*16 + lane/4 + 8*(q>>1), column
- * 8*j + 2*(lane%4) + (q&1). Stored as is, a warp writes 8 rows x 16 bytes per
- * instruction: half sectors, which L2 must merge (bf16 weight gradients ran slower than
- * fp32 ones that way). So each quad of lanes (one row) transposes groups of four 8-column
- * groups: lane q ends up with the 8 consecutive columns of group 4*jj + q and stores them
- * as one 16-byte vector; a warp instruction then writes 8 rows x 64 contiguous bytes. */
+ * 8*j + 2*(lane%4) + (q&1): for each 8-column group j and row half h, the pair
+ * (d[4j+2h], d[4j+2h+1]) is exactly lane's share of an 8x8 stmatrix fragment. A staging
+ * chunk holds 64 rows x 128 bytes; 16-byte unit u of row r sits at r*128 + ((u ^ r%8) << 4)
+ * (TMA's 128-byte swizzle, so the stores are bank-conflict free and the TMA store reads
+ * the layout its map describes). */
 __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
   __nv_bfloat162 v = __float22bfloat162_rn(make_float2(lo, hi));
   return *reinterpret_cast<uint32_t *>(&v);
@@ -277,99 +273,155 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v 
 
 __device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
 
-/* 4x4 transpose across the quad (lanes 4r .. 4r+3): in[lane q][i] -> out[q][p] = in[p][q].
- * Two xor-shuffle rounds with selects (no run-time register indexing). */
-__device__ __forceinline__ void quad_transpose(uint32_t (&v)[4], int q) {
-  const bool b2 = q & 2, b1 = q & 1;
-  uint32_t s0 = b2 ? v[0] : v[2], s1 = b2 ? v[1] : v[3];
-  uint32_t r0 = __shfl_xor_sync(0xffffffffu, s0, 2), r1 = __shfl_xor_sync(0xffffffffu, s1, 2);
-  if (b2) { v[0] = r0; v[1] = r1; } else { v[2] = r0; v[3] = r1; }
-  s0 = b1 ? v[0] : v[1];
-  s1 = b1 ? v[2] : v[3];
-  r0 = __shfl_xor_sync(0xffffffffu, s0, 1);
-  r1 = __shfl_xor_sync(0xffffffffu, s1, 1);
-  if (b1) { v[0] = r0; v[2] = r1; } else { v[1] = r0; v[3] = r1; }
+__device__ __forceinline__ uint32_t stg_addr(uint32_t chunk, int row, int unit) {
+  return chunk + row * 128 + ((unit ^ (row & 7)) << 4);
+}
+/* Lane's row address for an x4 matrix move of column groups 2jp, 2jp+1 (both row halves)
+ * of its warp's 16 rows: matrix m = lane/8 is (half m&1, group 2jp + m/2). */
+__device__ __forceinline__ uint32_t x4_addr(uint32_t chunk, int jp) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, m = lane >> 3;
+  return stg_addr(chunk, warp * 16 + 8 * (m & 1) + (lane & 7), 2 * jp + (m >> 1));
+}
+/* Writes 64 bf16 columns: v[jj][h] = packed (row half h, column group jj). */
+__device__ __forceinline__ void stage_bf16(uint32_t chunk, const uint32_t (&v)[8][2]) {
+#pragma unroll
+  for (int jp = 0; jp < 4; ++jp) stmatrix_x4(x4_addr(chunk, jp), v[2 * jp][0], v[2 * jp][1], v[2 * jp + 1][0], v[2 * jp + 1][1]);
 }
 
-__device__ __forceinline__ void st_global_16(void *p, const uint32_t (&v)[4]) {
-  *reinterpret_cast<uint4 *>(p) = make_uint4(v[0], v[1], v[2], v[3]);
+template <int NA>
+__device__ __forceinline__ void pack_groups(const float (&acc)[NA], int j0, uint32_t (&v)[8][2]) {
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) v[jj][h] = pack_bf16x2(acc[4 * (j0 + jj) + 2 * h], acc[4 * (j0 + jj) + 2 * h + 1]);
 }
 
-template <int KIND, int BN>
-__device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileCoord &c, int wg,
-                                              float (&acc)[BN / 2]) {
+/* Writes 32 fp32 columns = column groups j0 .. j0+3. */
+template <int NA>
+__device__ __forceinline__ void stage_f32(uint32_t chunk, const float (&acc)[NA], int j0) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, q = lane & 3;
-  const int row_base = c.m0 + wg * 64 + warp * 16 + (lane >> 2);
-  constexpr int NJ = BN / 8;
+#pragma unroll
+  for (int jj = 0; jj < 4; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int row = warp * 16 + 8 * h + (lane >> 2);
+      st_shared_v2_f32(stg_addr(chunk, row, 2 * jj + (q >> 1)) + (q & 1) * 8, acc[4 * (j0 + jj) + 2 * h],
+                       acc[4 * (j0 + jj) + 2 * h + 1]);
+    }
+}
+
+__device__ __forceinline__ void wg_sync(int wg) {
+  if (wg == 0) named_barrier_sync<1>(128u);
+  else named_barrier_sync<2>(128u);
+}
+
+/* The staging chunk the warpgroup writes next, once the store that last read it is done. */
+template <int KIND, int BN>
+__device__ __forceinline__ uint32_t epi_acquire(char *smem, const EpiState &st, int wg) {
+  if ((threadIdx.x & 127) == 0) bulk_wait_group_read<1>();
+  wg_sync(wg);
+  return smem_u32(smem + TileConfig<KIND, BN>::kEpiOffset + (wg * TileConfig<KIND, BN>::kEpiChunks + st.buf) * kStgBytes);
+}
+/* Hands the written chunk to the async proxy and stores it at (c0, c1) of `map`. */
+__device__ __forceinline__ void epi_publish(EpiState &st, int wg, const CUtensorMap *map, uint32_t chunk, int c0,
+                                            int c1) {
+  fence_proxy_async_shared();
+  wg_sync(wg);
+  if ((threadIdx.x & 127) == 0) {
+    tma_store_2d(map, chunk, c0, c1);
+    bulk_commit_group();
+  }
+  st.buf ^= 1;
+}
+
+/* Down dgrad: g and u of the warpgroup's 64 rows x NC columns from (row0, n0) into its
+ * aux chunks [g0 g1 u0 u1], issued by the warpgroup leader when the tile starts. */
+template <int KIND, int BN, int NC>
+__device__ __forceinline__ void aux_load(const GemmTileArgs &a, int row0, int n0, char *smem, int wg) {
+  if (KIND != kDownDgrad || (threadIdx.x & 127) != 0) return;
+  using TC = TileConfig<KIND, BN>;
+  const int nch = min(NC / 64, (a.n_out - n0) / 64);
+  if (nch <= 0) return;
+  uint64_t *aux = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset) + 2 * TC::kStages + wg;
+  char *base = smem + TC::kEpiOffset + wg * TC::kEpiChunks * kStgBytes;
+  bulk_wait_group_read<0>(); /* the last tile's stores have read these chunks */
+  mbarrier_arrive_expect_tx(aux, (uint32_t)(2 * nch * kStgBytes));
+  for (int cc = 0; cc < nch; ++cc) {
+    tma_load_2d(base + cc * kStgBytes, &a.tm_aux, aux, n0 + 64 * cc, row0);
+    tma_load_2d(base + (2 + cc) * kStgBytes, &a.tm_aux, aux, a.n_out + n0 + 64 * cc, row0);
+  }
+}
+
+/* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
+ * weight row of expert c.expert), output columns from n0 (gate+up: NC/2 gate then the
+ * same NC/2 up columns, outputs from n0). */
+template <int KIND, int BN, int NC>
+__device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileCoord &c, char *smem, EpiState &st,
+                                              int wg, int row0, int n0, const float (&acc)[NC / 2]) {
+  using TC = TileConfig<KIND, BN>;
   const float L = a.limit;
+  if (KIND == kGateUpFwd) {
+    constexpr int G = NC / 16; /* column groups of gate (and of up) */
 #pragma unroll
-  for (int h = 0; h < 2; ++h) {
-    const int row = row_base + 8 * h;
-    /* every lane of a quad has the same row: the shuffles below stay within live quads */
-    if (row >= c.m_end) continue;
-    if (KIND == kGateUpFwd) {
-      uint16_t *act = static_cast<uint16_t *>(a.out0) + (size_t)row * a.n_out;
-      uint16_t *gu = a.out1 ? static_cast<uint16_t *>(a.out1) + (size_t)row * a.ld_aux : nullptr;
+    for (int cc = 0; cc < G / 8; ++cc) {
+      const int col = n0 + 64 * cc;
+      if (col >= a.n_out) break;
+      /* pass 0: act; 1: g; 2: u (saved context). With the clamp on, a value the clamp
+       * cuts is saved as +-inf, so the backward's mask is exactly this one (mok.h). */
 #pragma unroll
-      for (int jj = 0; jj < NJ / 8; ++jj) {
-        const int col = c.n0 + 32 * jj + 8 * q; /* after the transpose */
-        uint32_t va[4], vg[4], vu[4];
+      for (int pass = 0; pass < 3; ++pass) {
+        if (pass > 0 && !a.save_gu) break;
+        uint32_t v[8][2];
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          const int j = 4 * jj + i;
-          float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-          float u0 = acc[4 * (j + NJ / 2) + 2 * h], u1 = acc[4 * (j + NJ / 2) + 2 * h + 1];
-          if (L > 0.f) {
-            /* saved context: a value the clamp cuts is saved as +-inf, so the backward's
-             * mask is exactly this one (include/mok.h) */
-            vg[i] = pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1);
-            vu[i] = pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0,
-                                u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1);
-            g0 = fminf(g0, L); g1 = fminf(g1, L);
-            u0 = fminf(fmaxf(u0, -L), L); u1 = fminf(fmaxf(u1, -L), L);
-          } else {
-            vg[i] = pack_bf16x2(g0, g1);
-            vu[i] = pack_bf16x2(u0, u1);
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = 8 * cc + jj;
+            float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+            float u0 = acc[4 * (j + G) + 2 * h], u1 = acc[4 * (j + G) + 2 * h + 1];
+            if (pass == 1) {
+              v[jj][h] = L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
+            } else if (pass == 2) {
+              v[jj][h] = L > 0.f ? pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0,
+                                               u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1)
+                                 : pack_bf16x2(u0, u1);
+            } else {
+              if (L > 0.f) {
+                g0 = fminf(g0, L); g1 = fminf(g1, L);
+                u0 = fminf(fmaxf(u0, -L), L); u1 = fminf(fmaxf(u1, -L), L);
+              }
+              v[jj][h] = pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
+            }
           }
-          va[i] = pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
-        }
-        quad_transpose(va, q);
-        if (col < a.n_out) st_global_16(act + col, va);
-        if (gu) {
-          quad_transpose(vg, q);
-          quad_transpose(vu, q);
-          if (col < a.n_out) {
-            st_global_16(gu + col, vg);
-            st_global_16(gu + a.n_out + col, vu);
-          }
-        }
+        const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
+        stage_bf16(ch, v);
+        epi_publish(st, wg, pass == 0 ? &a.tm_out0 : &a.tm_out1, ch, pass == 2 ? a.n_out + col : col, row0);
       }
-    } else if (KIND == kDownDgrad) {
-      const uint16_t *gu = a.aux_in + (size_t)row * a.ld_aux;
-      uint16_t *dgu = static_cast<uint16_t *>(a.out0) + (size_t)row * a.ld_aux;
+    }
+  } else if (KIND == kDownDgrad) {
+    uint64_t *aux = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset) + 2 * TC::kStages + wg;
+    const uint32_t base = smem_u32(smem + TC::kEpiOffset + wg * TC::kEpiChunks * kStgBytes);
+    const int nch = min(NC / 64, (a.n_out - n0) / 64);
+    if (nch <= 0) return; /* nothing loaded (aux_load), nothing to store */
+    mbarrier_wait_parity(aux, st.aux_phase); /* g and u of the tile have landed */
+    st.aux_phase ^= 1u;
 #pragma unroll
-      for (int jj = 0; jj < NJ / 4; ++jj) {
-        const int col = c.n0 + 32 * jj + 8 * q;
-        uint32_t d0[4], d1[4]; /* da as raw fp32 bits: even and odd columns */
+    for (int cc = 0; cc < NC / 64; ++cc) {
+      if (cc >= nch) break;
+      const uint32_t gch = base + cc * kStgBytes, uch = base + (2 + cc) * kStgBytes;
 #pragma unroll
-        for (int i = 0; i < 4; ++i) {
-          d0[i] = __float_as_uint(acc[4 * (4 * jj + i) + 2 * h]);
-          d1[i] = __float_as_uint(acc[4 * (4 * jj + i) + 2 * h + 1]);
-        }
-        quad_transpose(d0, q);
-        quad_transpose(d1, q);
-        if (col >= a.n_out) continue;
-        const uint4 gv = __ldg(reinterpret_cast<const uint4 *>(gu + col));
-        const uint4 uv = __ldg(reinterpret_cast<const uint4 *>(gu + a.n_out + col));
-        const uint32_t gw[4] = {gv.x, gv.y, gv.z, gv.w}, uw[4] = {uv.x, uv.y, uv.z, uv.w};
-        uint32_t og[4], ou[4];
+      for (int jp = 0; jp < 4; ++jp) {
+        uint32_t gw[4], uw[4], og[4], ou[4];
+        ldmatrix_x4(x4_addr(gch, jp), gw);
+        ldmatrix_x4(x4_addr(uch, jp), uw);
 #pragma unroll
-        for (int p = 0; p < 4; ++p) {
+        for (int i = 0; i < 4; ++i) { /* matrix i: row half i&1, column group 8cc + 2jp + i/2 */
+          const int j = 8 * cc + 2 * jp + (i >> 1), h = i & 1;
           float dg[2], du[2];
 #pragma unroll
           for (int e = 0; e < 2; ++e) {
-            const float g = e ? bf16_hi(gw[p]) : bf16_lo(gw[p]), u = e ? bf16_hi(uw[p]) : bf16_lo(uw[p]);
-            const float da = __uint_as_float(e ? d1[p] : d0[p]);
+            const float g = e ? bf16_hi(gw[i]) : bf16_lo(gw[i]), u = e ? bf16_hi(uw[i]) : bf16_lo(uw[i]);
+            const float da = acc[4 * j + 2 * h + e];
             float gc = g, uc = u, gmask = 1.f, umask = 1.f;
             if (L > 0.f) {
               /* the forward saved a cut value as +-inf: the mask is exactly its */
@@ -380,166 +432,233 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
             dg[e] = da * uc * (sg * (1.f + gc * (1.f - sg))) * gmask;
             du[e] = da * (gc * sg) * umask;
           }
-          og[p] = pack_bf16x2(dg[0], dg[1]);
-          ou[p] = pack_bf16x2(du[0], du[1]);
+          og[i] = pack_bf16x2(dg[0], dg[1]);
+          ou[i] = pack_bf16x2(du[0], du[1]);
         }
-        st_global_16(dgu + col, og);
-        st_global_16(dgu + a.n_out + col, ou);
+        stmatrix_x4(x4_addr(gch, jp), og[0], og[1], og[2], og[3]);
+        stmatrix_x4(x4_addr(uch, jp), ou[0], ou[1], ou[2], ou[3]);
       }
-    } else if (KIND == kDownFwd || KIND == kGateUpDgrad) {
-      uint16_t *out = static_cast<uint16_t *>(a.out0) + (size_t)row * a.n_out;
-#pragma unroll
-      for (int jj = 0; jj < NJ / 4; ++jj) {
-        const int col = c.n0 + 32 * jj + 8 * q;
-        uint32_t v[4];
-#pragma unroll
-        for (int i = 0; i < 4; ++i) v[i] = pack_bf16x2(acc[4 * (4 * jj + i) + 2 * h], acc[4 * (4 * jj + i) + 2 * h + 1]);
-        quad_transpose(v, q);
-        if (col < a.n_out) st_global_16(out + col, v);
+    }
+    fence_proxy_async_shared();
+    wg_sync(wg);
+    if ((threadIdx.x & 127) == 0) {
+      for (int cc = 0; cc < nch; ++cc) {
+        tma_store_2d(&a.tm_out0, base + cc * kStgBytes, n0 + 64 * cc, row0);
+        tma_store_2d(&a.tm_out0, base + (2 + cc) * kStgBytes, a.n_out + n0 + 64 * cc, row0);
       }
-    } else { /* weight gradients: row = weight row of expert c.expert */
-      const bool second = row >= a.m_split;
-      const int r = second ? row - a.m_split : row;
-      const int rows_out = second ? a.m_w - a.m_split : a.m_split;
-      const size_t base = ((size_t)c.expert * rows_out + r) * a.n_out;
-      void *dst = second ? a.out1 : a.out0;
-      if (a.out_fp32) { /* 8 rows x 32 bytes per instruction: full sectors already */
+      bulk_commit_group();
+    }
+  } else if (KIND == kDownFwd || KIND == kGateUpDgrad) {
 #pragma unroll
-        for (int j = 0; j < NJ; ++j) {
-          const int col = c.n0 + 8 * j + 2 * q;
-          if (col < a.n_out)
-            *reinterpret_cast<float2 *>(static_cast<float *>(dst) + base + col) =
-                make_float2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-        }
-      } else {
+    for (int cc = 0; cc < NC / 64; ++cc) {
+      const int col = n0 + 64 * cc;
+      if (col >= a.n_out) break;
+      uint32_t v[8][2];
+      pack_groups(acc, 8 * cc, v);
+      const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
+      stage_bf16(ch, v);
+      epi_publish(st, wg, &a.tm_out0, ch, col, row0);
+    }
+  } else { /* weight gradients: row0 = first weight row of the warpgroup in expert c.expert */
+    const bool second = row0 >= a.m_split;
+    const int r = second ? row0 - a.m_split : row0;
+    const int rows_out = second ? a.m_w - a.m_split : a.m_split;
+    const int orow = c.expert * rows_out + r;
+    const CUtensorMap *map = second ? &a.tm_out1 : &a.tm_out0;
+    if (a.out_fp32) {
 #pragma unroll
-        for (int jj = 0; jj < NJ / 4; ++jj) {
-          const int col = c.n0 + 32 * jj + 8 * q;
-          uint32_t v[4];
+      for (int cc = 0; cc < NC / 32; ++cc) {
+        const int col = n0 + 32 * cc;
+        if (col >= a.n_out) break;
+        const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
+        stage_f32(ch, acc, 4 * cc);
+        epi_publish(st, wg, map, ch, col, orow);
+      }
+    } else {
 #pragma unroll
-          for (int i = 0; i < 4; ++i)
-            v[i] = pack_bf16x2(acc[4 * (4 * jj + i) + 2 * h], acc[4 * (4 * jj + i) + 2 * h + 1]);
-          quad_transpose(v, q);
-          if (col < a.n_out) st_global_16(static_cast<uint16_t *>(dst) + base + col, v);
-        }
+      for (int cc = 0; cc < NC / 64; ++cc) {
+        const int col = n0 + 64 * cc;
+        if (col >= a.n_out) break;
+        uint32_t v[8][2];
+        pack_groups(acc, 8 * cc, v);
+        const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
+        stage_bf16(ch, v);
+        epi_publish(st, wg, map, ch, col, orow);
       }
     }
   }
 }
 
-/* ---- consumer: one warpgroup, 64 rows x BN columns --------------------------------- */
-template <int KIND, int BN>
-__device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
-                                  int wg) {
-  using TC = TileConfig<BN>;
+/* ---- consumer ------------------------------------------------------------------------
+ * The main loop of one warpgroup: k_blocks stages of A rows at a_off (bytes into the
+ * stage) times B columns at b_off0 (and, for NSUB = 2, a second block of NC/2 columns at
+ * b_off1 into the upper half of acc). Releases each stage once its MMAs are done. */
+template <int KIND, int BN, int NC, int NSUB>
+__device__ __forceinline__ void mma_loop(char *smem, PipeState &p, int k_blocks, uint32_t a_off, uint32_t b_off0,
+                                         uint32_t b_off1, float (&acc)[NC / 2]) {
+  using TC = TileConfig<KIND, BN>;
   using KT = KindTraits<KIND>;
+  constexpr int NS = NC / NSUB; /* columns of one wgmma */
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const bool leader = (threadIdx.x & 127) == 0;
-  /* Broadcast so ptxas sees a warp-uniform condition around the wgmmas (otherwise it
-   * serialises them, warning C7518). */
-  const bool active = __shfl_sync(0xffffffffu, (int)(c.m0 + wg * 64 < c.m_end), 0) != 0;
-
-  const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0); /* uniform trip count */
-  if (!active) {
-    /* Rows past the segment: keep the ring in step, compute nothing. Only the leader's
-     * warp walks the ring. The other three warps are tied to nothing here (no wgmma) and
-     * the leader's arrivals let the ring run on without them: a warp still in the
-     * previous tile's epilogue (dgrad down loads gu there) could reach full[s] after the
-     * stage had been refilled and had landed once more, find the barrier two phases on
-     * (same parity, still open), wait for the refill after that, and so run two phases
-     * late to the end, where it waits for fills that never come (the kimi Zipf hang).
-     * The warpgroup meets at named barrier 1 + wg once the leader's warp has taken the
-     * tile's last stage, so all four warps leave the tile at the same ring position. */
-    if (((threadIdx.x >> 5) & 3) == 0) {
-      for (int kb = 0; kb < k_blocks; ++kb) {
-        mbarrier_wait_parity(&full[p.stage], p.phase);
-        mbarrier_arrive_if(&empty[p.stage], leader);
-        pipe_advance<BN>(p);
-      }
-    } else {
-      pipe_advance_by<BN>(p, k_blocks);
-    }
-    if (wg == 0) named_barrier_sync<1>(128u);
-    else named_barrier_sync<2>(128u);
-    return;
-  }
-  float acc[BN / 2];
+  float(&acc0)[NS / 2] = *reinterpret_cast<float(*)[NS / 2]>(&acc[0]);
+  float(&acc1)[NS / 2] = *reinterpret_cast<float(*)[NS / 2]>(&acc[(NSUB - 1) * (NS / 2)]);
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) acc[i] = 0.f;
+  for (int i = 0; i < NC / 2; ++i) acc[i] = 0.f;
   int prev = 0;
   for (int kb = 0; kb < k_blocks; ++kb) {
     mbarrier_wait_parity(&full[p.stage], p.phase);
-    const uint32_t sa = smem_u32(smem + p.stage * TC::kStageBytes) + wg * kChunkBytes;
+    const uint32_t sa = smem_u32(smem + p.stage * TC::kStageBytes) + a_off;
     const uint32_t sb = smem_u32(smem + p.stage * TC::kStageBytes + kABytes);
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
+    for (int i = 0; i < NC / 2; ++i) reg_fence(acc[i]);
     wgmma_fence();
 #pragma unroll
     for (int k16 = 0; k16 < kBK / 16; ++k16) {
       const uint64_t da = KT::kAMn ? wgmma_desc_sw128(sa + k16 * 2048, kChunkBytes, 1024)
                                    : wgmma_desc_sw128(sa + k16 * 32, 16, 1024);
-      const uint64_t db = KT::kBMn ? wgmma_desc_sw128(sb + k16 * 2048, kChunkBytes, 1024)
-                                   : wgmma_desc_sw128(sb + k16 * 32, 16, 1024);
-      wgmma_bf16<BN, KT::kAMn, KT::kBMn>(acc, da, db, 1);
+      const uint32_t kb_off = KT::kBMn ? k16 * 2048 : k16 * 32;
+      const uint32_t lbo = KT::kBMn ? kChunkBytes : 16;
+      wgmma_bf16<NS, KT::kAMn, KT::kBMn>(acc0, da, wgmma_desc_sw128(sb + b_off0 + kb_off, lbo, 1024), 1);
+      if (NSUB == 2)
+        wgmma_bf16<NS, KT::kAMn, KT::kBMn>(acc1, da, wgmma_desc_sw128(sb + b_off1 + kb_off, lbo, 1024), 1);
     }
     wgmma_commit_group();
     wgmma_wait_group<1>(); /* the previous stage's MMAs are done: release its slot */
 #pragma unroll
-    for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
+    for (int i = 0; i < NC / 2; ++i) reg_fence(acc[i]);
     if (kb > 0) mbarrier_arrive_if(&empty[prev], leader);
     prev = p.stage;
-    pipe_advance<BN>(p);
+    pipe_advance<TC::kStages>(p);
   }
   wgmma_wait_group<0>();
 #pragma unroll
-  for (int i = 0; i < BN / 2; ++i) reg_fence(acc[i]);
+  for (int i = 0; i < NC / 2; ++i) reg_fence(acc[i]);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
-  gemm_epilogue<KIND, BN>(a, c, wg, acc);
+}
+
+/* Row-grouped tiles of BN = 256 (and down dgrad's 128) split a 64-row tail tile by
+ * columns: both warpgroups run the same 64 rows, each half of the columns (gate+up: half
+ * of the gate and the same half of the up columns), so no warpgroup idles. */
+template <int KIND, int BN>
+struct SplitTail {
+  static constexpr bool kOn = !KindTraits<KIND>::kWgrad && (BN == 256 || KIND == kDownDgrad);
+};
+
+/* One tile, both consumer warpgroups (wg = 0, 1), each 64 rows x BN columns; a tail tile
+ * (rows past the segment end in the second half) splits by columns or idles the second
+ * warpgroup. */
+template <int KIND, int BN>
+__device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
+                                  EpiState &st, int wg) {
+  using TC = TileConfig<KIND, BN>;
+  using KT = KindTraits<KIND>;
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
+  uint64_t *empty = full + TC::kStages;
+  const bool leader = (threadIdx.x & 127) == 0;
+  /* Broadcast so ptxas sees warp-uniform conditions around the wgmmas (otherwise it
+   * serialises them, warning C7518). */
+  const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0); /* uniform trip count */
+  const bool tail = __shfl_sync(0xffffffffu, (int)(c.m0 + 64 >= c.m_end), 0) != 0;
+  if constexpr (SplitTail<KIND, BN>::kOn) {
+    if (tail) {
+      constexpr int NC = BN / 2;
+      float acc[NC / 2];
+      int n0;
+      if constexpr (KIND == kGateUpFwd) { /* B rows: gate [0, BN/2), up [BN/2, BN); K-major, 128 B a row */
+        n0 = c.n0 + wg * (BN / 4);
+        mma_loop<KIND, BN, NC, 2>(smem, p, k_blocks, 0, wg * (BN / 4) * 128, (BN / 2 + wg * (BN / 4)) * 128, acc);
+      } else {
+        n0 = c.n0 + wg * NC;
+        aux_load<KIND, BN, NC>(a, c.m0, n0, smem, wg);
+        mma_loop<KIND, BN, NC, 1>(smem, p, k_blocks, 0, KT::kBMn ? wg * (NC / 64) * kChunkBytes : wg * NC * 128,
+                                  0, acc);
+      }
+      gemm_epilogue<KIND, BN, NC>(a, c, smem, st, wg, c.m0, n0, acc);
+      return;
+    }
+  }
+  if (tail && wg == 1) {
+    /* Rows past the segment: keep the ring in step, compute nothing. Only the leader's
+     * warp walks the ring. The other three warps are tied to nothing here (no wgmma) and
+     * the leader's arrivals let the ring run on without them: a warp still in the
+     * previous tile's epilogue could reach full[s] after the stage had been refilled and
+     * had landed once more, find the barrier two phases on (same parity, still open),
+     * wait for the refill after that, and so run two phases late to the end, where it
+     * waits for fills that never come (the kimi Zipf hang). The warpgroup meets at named
+     * barrier 1 + wg once the leader's warp has taken the tile's last stage, so all four
+     * warps leave the tile at the same ring position. */
+    if (((threadIdx.x >> 5) & 3) == 0) {
+      for (int kb = 0; kb < k_blocks; ++kb) {
+        mbarrier_wait_parity(&full[p.stage], p.phase);
+        mbarrier_arrive_if(&empty[p.stage], leader);
+        pipe_advance<TC::kStages>(p);
+      }
+    } else {
+      pipe_advance_by<TC::kStages>(p, k_blocks);
+    }
+    wg_sync(wg);
+    return;
+  }
+  const int row0 = c.m0 + wg * 64;
+  aux_load<KIND, BN, BN>(a, row0, c.n0, smem, wg);
+  float acc[BN / 2];
+  mma_loop<KIND, BN, BN, 1>(smem, p, k_blocks, wg * kChunkBytes, 0, 0, acc);
+  gemm_epilogue<KIND, BN, BN>(a, c, smem, st, wg, row0, c.n0, acc);
+}
+
+/* A consumer warpgroup's last step: its TMA stores have finished (global writes done)
+ * before the kernel may end. */
+__device__ __forceinline__ void gemm_consumer_finish() {
+  if ((threadIdx.x & 127) == 0) bulk_wait_group<0>();
 }
 
 /* ---- the standalone persistent kernel: one CTA per SM, static round-robin tiles ---- */
 template <int KIND, int BN>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
-  using TC = TileConfig<BN>;
+  using TC = TileConfig<KIND, BN>;
   extern __shared__ char smem_raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
-  int *off = reinterpret_cast<int *>(smem + TC::kSchedOffset);
-  int *pre = off + (a.num_experts + 1);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < TC::kStages; ++s) {
       mbarrier_init(&full[s], 1);  /* the producer's arrive.expect_tx */
       mbarrier_init(&empty[s], 2); /* one arrive per consumer warpgroup */
     }
+    mbarrier_init(&empty[TC::kStages], 1);     /* aux[0]: leader of consumer WG 0 */
+    mbarrier_init(&empty[TC::kStages + 1], 1); /* aux[1] */
     fence_mbarrier_init();
   }
-  gemm_sched_init<KIND, BN>(a, off, pre);
   __syncthreads();
-  const GemmSched s = gemm_sched_view<KIND, BN>(a, off, pre);
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
   PipeState p = {0, 0u};
+  GemmCursor cu;
+  TileCoord c;
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
-      for (int t = blockIdx.x; t < s.total; t += gridDim.x) {
-        const TileCoord c = gemm_decode_tile<KIND, BN>(a, s, t);
+      tma_prefetch_descriptor(&a.tm_a64);
+      gemm_cursor_init(a.expert_offset, cu);
+      for (int t = blockIdx.x; gemm_decode_tile<KIND, BN>(a, cu, t, c); t += gridDim.x)
         gemm_tile_produce<KIND, BN>(a, c, smem, p);
-      }
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
-    const int total = __shfl_sync(0xffffffffu, s.total, 0); /* uniform loop bound for ptxas */
-    for (int t = blockIdx.x; t < total; t += gridDim.x) {
-      const TileCoord c = gemm_decode_tile<KIND, BN>(a, s, t);
-      gemm_tile_consume<KIND, BN>(a, c, smem, p, wg - 1);
+    EpiState st = {0, 0u};
+    gemm_cursor_init(a.expert_offset, cu);
+    for (int t = blockIdx.x;; t += gridDim.x) {
+      /* uniform loop exit for ptxas */
+      if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN>(a, cu, t, c), 0)) break;
+      gemm_tile_consume<KIND, BN>(a, c, smem, p, st, wg - 1);
     }
+    gemm_consumer_finish();
   }
 }
 

@@ -1,6 +1,7 @@
 /*
  * sm90_primitives.cuh — Hopper (sm_90a) PTX wrappers used by the expert GEMM tiles:
- * mbarriers, TMA bulk tensor loads, wgmma descriptors / fences / MMAs, setmaxnreg.
+ * mbarriers, TMA bulk tensor loads and stores, bulk groups, ldmatrix / stmatrix, wgmma
+ * descriptors / fences / MMAs, setmaxnreg.
  * Each wrapper is named after the PTX it emits; nothing here knows about MoE.
  * Device code only; needs -gencode arch=compute_90a,code=sm_90a.
  */
@@ -92,6 +93,48 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
       : "memory");
 }
 
+/* ---- TMA stores (cp.async.bulk.tensor, shared -> global) --------------------------- */
+/* Stores the shared-memory box at shared address `src` (laid out as the map's swizzle says) to element
+ * coordinates (c0 = innermost, c1); elements past the tensor's bounds are not written.
+ * Asynchronous: part of this thread's current bulk group (bulk_commit_group). The
+ * writing threads must have run fence_proxy_async_shared() before the issuing thread
+ * reads their data through the async proxy. */
+__device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.async.bulk.tensor.2d.global.shared::cta.bulk_group [%0, {%2, %3}], [%1];" ::"l"((uint64_t)map),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
+__device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
+/* Waits until at most N of this thread's committed bulk groups still read shared memory. */
+template <int N>
+__device__ __forceinline__ void bulk_wait_group_read() {
+  asm volatile("cp.async.bulk.wait_group.read %0;" ::"n"(N) : "memory");
+}
+/* Waits until at most N of this thread's committed bulk groups are incomplete (their
+ * global writes done). */
+template <int N>
+__device__ __forceinline__ void bulk_wait_group() {
+  asm volatile("cp.async.bulk.wait_group %0;" ::"n"(N) : "memory");
+}
+
+/* ---- 8x8 b16 matrix moves between registers and shared memory -------------------- */
+/* Four 8x8 matrices; lane l gives the address of row l%8 of matrix l/8; register i of
+ * lane l holds row l/4, columns 2(l%4) and 2(l%4)+1 of matrix i (the mma fragment). */
+__device__ __forceinline__ void stmatrix_x4(uint32_t addr, uint32_t r0, uint32_t r1, uint32_t r2, uint32_t r3) {
+  asm volatile("stmatrix.sync.aligned.m8n8.x4.shared.b16 [%0], {%1, %2, %3, %4};" ::"r"(addr), "r"(r0), "r"(r1),
+               "r"(r2), "r"(r3)
+               : "memory");
+}
+__device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(r[0]), "=r"(r[1]), "=r"(r[2]), "=r"(r[3])
+               : "r"(addr)
+               : "memory");
+}
+__device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float a, float b) {
+  asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
+}
+
 /* ---- register reallocation between warpgroups ----------------------------------- */
 template <int N>
 __device__ __forceinline__ void setmaxnreg_inc() {
@@ -131,6 +174,24 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 /* Keeps the compiler from moving accumulator accesses across wgmma issue/wait. */
 __device__ __forceinline__ void reg_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, both operands in shared memory (descriptors),
+ * fp32 accumulators d[32] per thread; scale_d = 0 overwrites D. TA/TB = 1 selects the MN-major
+ * (transposed) layout of that operand. */
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n64k16_bf16(float (&d)[32], uint64_t desc_a, uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %34, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n64k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31}, "
+      "%32, %33, p, 1, 1, %35, %36;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
 
 /* D[64 x 128] (+)= A[64 x 16] * B[128 x 16]^T, both operands in shared memory (descriptors),
  * fp32 accumulators d[64] per thread; scale_d = 0 overwrites D. TA/TB = 1 selects the MN-major
@@ -186,11 +247,12 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
       : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
 }
 
-/* N-generic front end over the three shapes above. */
+/* N-generic front end over the four shapes above. */
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 128 || N == 192 || N == 256, "wgmma_bf16: N must be 128, 192 or 256");
-  if constexpr (N == 128) wgmma_m64n128k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
+  static_assert(N == 64 || N == 128 || N == 192 || N == 256, "wgmma_bf16: N must be 64, 128, 192 or 256");
+  if constexpr (N == 64) wgmma_m64n64k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 128) wgmma_m64n128k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 192) wgmma_m64n192k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else wgmma_m64n256k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
 }
