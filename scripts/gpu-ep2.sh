@@ -16,8 +16,9 @@ ITERS=${ITERS:-20}
   echo "== make run"
   timeout 60 make -s run 2>&1 | tail -6
   echo "== gemm bench (ours vs cuBLAS, TFLOP/s)"
-  for m in "qwen3.5-397b-a17b" "kimi-k2.7-code" "kimi-k2.7-code --routing zipf:1.2"; do
-    timeout 60 build/mok bench gemm --model $m --iters 10 2>&1 | grep -E "^(gateup|down|dgrad|wgrad)" | \
+  for m in "kimi-k2.7-code" "glm-5.2" "qwen3.5-397b-a17b" "deepseek-v4-pro" "kimi-k2.7-code --routing zipf:1.2"; do
+    tag=$(echo "$m" | tr ' :.' '___')
+    timeout 60 build/mok bench gemm --model $m --iters 10 --json "$OUT/gemm-$tag.json" 2>&1 | grep -E "^(gateup|down|dgrad|wgrad)" | \
       awk -v m="$m" '{printf "%-36s %-20s ours %6s cuBLAS %6s ratio %s\n", m, $1" "$2, $(NF-5), $(NF-3), $(NF-2)}'
   done
   echo "== layer bench"
