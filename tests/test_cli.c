@@ -47,6 +47,9 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"info --verbose", "unknown argument"},
       {"bench", "usage"},
       {"bench tea", "unknown benchmark"},
+      {"bench layer --impl magic", "--impl 'magic' is not built (auto, nccl, baseline)"},
+      {"bench layer --impl nccl,cpu", "--impl 'cpu' is not built"},
+      {"bench layer --routing sideways", "bad --routing"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = run_cli(cases[i].args, out, sizeof out);
@@ -63,7 +66,9 @@ MOK_TEST(cli_help_exit_0) {
     CHECK_MSG(run_cli(cmds[i], out, sizeof out) == 0, "'mok %s' failed: %s", cmds[i], out);
     CHECK(strstr(out, "usage") != NULL);
   }
-  CHECK(run_cli("run --help", out, sizeof out) == 0 && strstr(out, "deepseek-v3") && strstr(out, "zipf"));
+  CHECK(run_cli("run --help", out, sizeof out) == 0 && strstr(out, "deepseek-v3") && strstr(out, "zipf") &&
+        strstr(out, "--impl nccl"));
+  CHECK(run_cli("bench layer --help", out, sizeof out) == 0 && strstr(out, "nccl") && strstr(out, "baseline"));
 }
 
 MOK_TEST(cli_run_cpu_prints_every_checksum) {
