@@ -6,7 +6,8 @@
  * with 0xFFFF (bf16 NaN) before each run and scanned for NaN after it over every row in
  * use; every row (or a sample of rows on the large shapes) is compared with the
  * reference; weight gradients are bitwise identical across two runs.
- * CPU-only tests cover the tile rule and argument validation.
+ * CPU-only tests cover the tile rule, argument validation and the tile schedule (the
+ * device decode function run on the host against a brute-force enumeration).
  */
 #include <cuda_runtime.h>
 #include <math.h>
@@ -16,8 +17,10 @@
 #include <time.h>
 
 #include "gemm.h"
+#include "gemm/grouped_gemm.cuh" /* defines: mok_sm90::gemm_decode_tile (host-callable) */
 #include "gemm_check.h"
 #include "test.h"
+#include "util.h"
 
 /* ---- CPU: tile rule and validation -------------------------------------------------- */
 MOK_TEST(gemm_tile_rule) {
@@ -85,6 +88,91 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_wgrad_gateup(&rows, 256, 256, p, p, (mokDtype_t)7, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "grad_dtype") != NULL);
   CHECK_STATUS(mok_gemm_wgrad_down(&rows, 256, 256, p, p, mokDtypeBF16, NULL, 0), mokInvalidArgument);
+}
+
+/* ---- CPU: the tile schedule ---------------------------------------------------------
+ * gemm_decode_tile walks a cursor over the segment offsets; here it runs on the host and
+ * must list exactly the tiles of a brute-force enumeration (experts in order, n-block major,
+ * m-block minor, 128-row m-blocks, the last one of a segment maybe 64 rows), in order, in a
+ * persistent CTA's strided order, and in random order (the cursor restarts). */
+template <int KIND, int BN>
+static int check_schedule(rng_t *r, char *why, size_t n) {
+  using namespace mok_sm90;
+  enum { kMaxE = 40, kMaxTiles = 8192 };
+  const int E = 1 + (int)(rng_next(r) % kMaxE);
+  int32_t off[kMaxE + 1];
+  off[0] = 0;
+  for (int e = 0; e < E; ++e) { /* empty, one 64-row block, or up to 9 blocks */
+    const int kind = (int)(rng_next(r) % 4);
+    const int blocks = kind == 0 ? 0 : kind == 1 ? 1 : 1 + (int)(rng_next(r) % 9);
+    off[e + 1] = off[e] + 64 * blocks;
+  }
+  GemmTileArgs a;
+  memset(&a, 0, sizeof a);
+  a.expert_offset = off;
+  a.num_experts = E;
+  a.n_out = 64 * (1 + (int)(rng_next(r) % 40));
+  a.k_len = 64 * (1 + (int)(rng_next(r) % 8));
+  a.m_w = 64 * (1 + (int)(rng_next(r) % 6));
+  const int oc = tile_out_cols<KIND, BN>(), n_tiles = (a.n_out + oc - 1) / oc;
+  static TileCoord want[kMaxTiles];
+  int total = 0;
+  for (int e = 0; e < E; ++e) {
+    const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : (off[e + 1] - off[e] + 127) / 128;
+    for (int nb = 0; nb < n_tiles; ++nb)
+      for (int mb = 0; mb < mt && total < kMaxTiles; ++mb) {
+        TileCoord c;
+        memset(&c, 0, sizeof c);
+        c.expert = e;
+        c.n0 = nb * oc;
+        if (KindTraits<KIND>::kWgrad) {
+          c.m0 = mb * 128, c.m_end = a.m_w, c.k0 = off[e], c.k_blocks = (off[e + 1] - off[e]) / 64;
+        } else {
+          c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
+        }
+        want[total++] = c;
+      }
+  }
+  if (total >= kMaxTiles) return 1; /* layout too big for the table: skip it */
+  auto same = [](const TileCoord &x, const TileCoord &y) {
+    return x.expert == y.expert && x.m0 == y.m0 && x.m_end == y.m_end && x.n0 == y.n0 && x.k0 == y.k0 &&
+           x.k_blocks == y.k_blocks;
+  };
+  GemmCursor cu;
+  TileCoord c;
+  gemm_cursor_init(off, cu);
+  for (int t = 0; t < total; ++t)
+    if (!gemm_decode_tile<KIND, BN>(a, cu, t, c) || !same(c, want[t]))
+      return snprintf(why, n, "in order: tile %d of %d (E %d) decoded wrong", t, total, E), 0;
+  if (gemm_decode_tile<KIND, BN>(a, cu, total, c) || gemm_decode_tile<KIND, BN>(a, cu, total + 7, c))
+    return snprintf(why, n, "tile %d past the last (%d) decoded as a tile", total, total - 1), 0;
+  const int grid = 1 + (int)(rng_next(r) % 132);
+  for (int b = 0; b < grid; ++b) { /* a persistent CTA's order, fresh cursor */
+    gemm_cursor_init(off, cu);
+    int t = b;
+    for (; gemm_decode_tile<KIND, BN>(a, cu, t, c); t += grid)
+      if (t >= total || !same(c, want[t])) return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
+    if (t < total) return snprintf(why, n, "CTA %d of %d stopped at tile %d of %d", b, grid, t, total), 0;
+  }
+  gemm_cursor_init(off, cu);
+  for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor restarts when asked back */
+    const int t = (int)(rng_next(r) % (uint64_t)total);
+    if (!gemm_decode_tile<KIND, BN>(a, cu, t, c) || !same(c, want[t]))
+      return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
+  }
+  return 1;
+}
+
+MOK_TEST(gemm_schedule_decode_matches_enumeration) {
+  rng_t r = {test_seed() ^ 0x5c4edu};
+  char why[256] = "";
+  for (int it = 0; it < 300; ++it) {
+    CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256>(&r, why, sizeof why)), "gate+up fwd: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 192>(&r, why, sizeof why)), "down fwd: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kDownDgrad, 128>(&r, why, sizeof why)), "down dgrad: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kWgradGateUp, 256>(&r, why, sizeof why)), "wgrad: %s", why);
+    if (t->failed) break;
+  }
 }
 
 /* ---- GPU: one whole forward + backward chain on a row layout ----------------------- */

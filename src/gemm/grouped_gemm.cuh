@@ -148,7 +148,7 @@ struct EpiState {
 };
 
 template <int KIND, int BN>
-__device__ __forceinline__ int tile_out_cols() {
+__host__ __device__ __forceinline__ int tile_out_cols() {
   return KIND == kGateUpFwd ? BN / 2 : BN;
 }
 
@@ -161,23 +161,34 @@ struct GemmCursor {
   int e, first, o0, o1;
 };
 
-__device__ __forceinline__ void gemm_cursor_init(const int32_t *off, GemmCursor &cu) {
+/* A read-only load of a schedule offset (__ldg on the device; host builds of the schedule
+ * functions, for tests, read plain memory). */
+__host__ __device__ __forceinline__ int32_t sched_ld(const int32_t *p) {
+#ifdef __CUDA_ARCH__
+  return __ldg(p);
+#else
+  return *p;
+#endif
+}
+
+__host__ __device__ __forceinline__ void gemm_cursor_init(const int32_t *off, GemmCursor &cu) {
   cu.e = 0;
   cu.first = 0;
-  cu.o0 = __ldg(off);
-  cu.o1 = __ldg(off + 1);
+  cu.o0 = sched_ld(off);
+  cu.o1 = sched_ld(off + 1);
 }
 
 /* false: t is past the last tile. */
 template <int KIND, int BN>
-__device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t, TileCoord &c) {
+__host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
+                                                          TileCoord &c) {
   const int n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
   if (KindTraits<KIND>::kWgrad) {
     const int m_tiles = (a.m_w + kBM - 1) / kBM, per_e = m_tiles * n_tiles;
     const int e = t / per_e, r = t - e * per_e;
     if (e >= a.num_experts) return false;
     const int nb = r / m_tiles, mb = r - nb * m_tiles;
-    const int o0 = __ldg(a.expert_offset + e), o1 = __ldg(a.expert_offset + e + 1);
+    const int o0 = sched_ld(a.expert_offset + e), o1 = sched_ld(a.expert_offset + e + 1);
     c.expert = e;
     c.m0 = mb * kBM;
     c.m_end = a.m_w;
@@ -194,7 +205,7 @@ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCurs
     cu.first += tiles;
     if (++cu.e < a.num_experts) {
       cu.o0 = cu.o1;
-      cu.o1 = __ldg(a.expert_offset + cu.e + 1);
+      cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
     }
   }
   const int r = t - cu.first, mt = (cu.o1 - cu.o0 + kBM - 1) / kBM;
