@@ -345,6 +345,23 @@ __device__ __forceinline__ void epi_publish(EpiState &st, int wg, const CUtensor
   st.buf ^= 1;
 }
 
+/* The warpgroup's 64 x NC accumulators as bf16, stored 64 columns at a time to (n0, row)
+ * of `map` (columns past n_out are not stored). */
+template <int KIND, int BN, int NC>
+__device__ __forceinline__ void store_bf16_tile(const GemmTileArgs &a, char *smem, EpiState &st, int wg,
+                                                const CUtensorMap *map, int n0, int row, const float (&acc)[NC / 2]) {
+#pragma unroll
+  for (int cc = 0; cc < NC / 64; ++cc) {
+    const int col = n0 + 64 * cc;
+    if (col >= a.n_out) break;
+    uint32_t v[8][2];
+    pack_groups(acc, 8 * cc, v);
+    const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
+    stage_bf16(ch, v);
+    epi_publish(st, wg, map, ch, col, row);
+  }
+}
+
 /* Down dgrad: g and u of the warpgroup's 64 rows x NC columns from (row0, n0) into its
  * aux chunks [g0 g1 u0 u1], issued by the warpgroup leader when the tile starts. */
 template <int KIND, int BN, int NC>
@@ -460,16 +477,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
       bulk_commit_group();
     }
   } else if (KIND == kDownFwd || KIND == kGateUpDgrad) {
-#pragma unroll
-    for (int cc = 0; cc < NC / 64; ++cc) {
-      const int col = n0 + 64 * cc;
-      if (col >= a.n_out) break;
-      uint32_t v[8][2];
-      pack_groups(acc, 8 * cc, v);
-      const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
-      stage_bf16(ch, v);
-      epi_publish(st, wg, &a.tm_out0, ch, col, row0);
-    }
+    store_bf16_tile<KIND, BN, NC>(a, smem, st, wg, &a.tm_out0, n0, row0, acc);
   } else { /* weight gradients: row0 = first weight row of the warpgroup in expert c.expert */
     const bool second = row0 >= a.m_split;
     const int r = second ? row0 - a.m_split : row0;
@@ -486,16 +494,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
         epi_publish(st, wg, map, ch, col, orow);
       }
     } else {
-#pragma unroll
-      for (int cc = 0; cc < NC / 64; ++cc) {
-        const int col = n0 + 64 * cc;
-        if (col >= a.n_out) break;
-        uint32_t v[8][2];
-        pack_groups(acc, 8 * cc, v);
-        const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
-        stage_bf16(ch, v);
-        epi_publish(st, wg, map, ch, col, orow);
-      }
+      store_bf16_tile<KIND, BN, NC>(a, smem, st, wg, map, n0, orow, acc);
     }
   }
 }
