@@ -85,13 +85,12 @@ struct mok_gpu_layer {
   int slot;
   int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
   unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
-  /* Expert GEMM engine of the pass: cuBLAS (mokImplBaseline) or mok's grouped Hopper
-   * GEMMs (mokImplNccl; src/gemm.cu), which read the segment offsets from the device, so
-   * one launch covers every expert whatever its rows. Chosen per forward (resolve_impl);
-   * the backward runs its forward's engine. */
-  int engine_mok;
+  /* The implementation of the last forward (resolve_impl; the backward runs the same):
+   * its expert GEMMs are cuBLAS (mokImplBaseline) or mok's grouped Hopper GEMMs
+   * (mokImplNccl; src/gemm.cu), which read the segment offsets from the device, so one
+   * launch covers every expert whatever its rows. */
+  mokImpl_t fwd_impl;
   int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
-  mokImpl_t fwd_impl;    /* the resolved implementation of the last forward */
   int32_t *d_off;        /* [E_l + 1] segment offsets of the last forward (device) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
   int prof, nev;
@@ -734,7 +733,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
   mokGemmRows_t grows = {El, g->cap, g->d_off};
-  if (g->engine_mok) {
+  if (g->fwd_impl == mokImplNccl) {
     CUDA_CHECK(l, cudaMemcpyAsync(g->d_off, g->seg_off, sizeof(int32_t) * (size_t)(El + 1), cudaMemcpyHostToDevice, st));
     MOK_CHECK(mok_gemm_gateup_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, g->act, g->gu, st));
     prof_mark(g, "gateup+swiglu", st);
@@ -815,7 +814,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
-  if (g->engine_mok) {
+  if (g->fwd_impl == mokImplNccl) {
     mokGemmRows_t grows = {El, g->cap, g->d_off};
     mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
     MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
@@ -926,6 +925,9 @@ static mokImpl_t resolve_impl(mokLayer_t l, mokImpl_t impl) {
   if (impl == mokImplAuto) return l->gpu->sm90 ? mokImplNccl : mokImplBaseline;
   return impl;
 }
+static const char *impl_name(mokImpl_t impl) {
+  return impl == mokImplNccl ? "mokImplNccl" : impl == mokImplBaseline ? "mokImplBaseline" : "mokImplAuto";
+}
 
 extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
                                        const mokRankWeights_t *w, mokBf16 *out, cudaStream_t st) {
@@ -938,7 +940,6 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
-    l->gpu->engine_mok = l->gpu->fwd_impl == mokImplNccl;
     rc = baseline_forward(l, in, w, out, st);
   }
   else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
@@ -961,8 +962,9 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     rc = mok_error(l, mokInvalidUsage, "%s: no forward of these %d tokens precedes this backward (the layer keeps "
                    "the context of its last forward)", fn, T);
   if (rc == mokSuccess && resolve_impl(l, impl) != l->gpu->fwd_impl)
-    rc = mok_error(l, mokInvalidUsage, "%s: impl %d resolves to %d, but the forward ran %d; the backward runs its "
-                   "forward's implementation", fn, (int)impl, (int)resolve_impl(l, impl), (int)l->gpu->fwd_impl);
+    rc = mok_error(l, mokInvalidUsage, "%s: %s resolves to %s, but the forward ran %s; the backward runs its "
+                   "forward's implementation", fn, impl_name(impl), impl_name(resolve_impl(l, impl)),
+                   impl_name(l->gpu->fwd_impl));
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, d_out, "d_out", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_topk_w, "grads->d_topk_w", T > 0);
