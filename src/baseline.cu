@@ -308,6 +308,20 @@ static inline void gset(struct mok_gpu_layer *g, int q, int M, int N, int K, int
 }
 
 /* Grouped ncclSend/ncclRecv of rows (row_bytes each): all-to-all-v. */
+/* The rows of mok's grouped GEMMs; a wait that runs out in them is recorded in the
+ * communicator's error word, so mokCommGetAsyncError reports it like a comm timeout. */
+static mokResult_t gemm_rows(mokLayer_t l, int El, int64_t cap, const int32_t *off, mokGemmRows_t *r) {
+  mokCommDev dev;
+  MOK_CHECK(mok_comm_device_view(l->comm, &dev));
+  memset(r, 0, sizeof *r);
+  r->num_experts = El;
+  r->capacity = cap;
+  r->expert_offset = off;
+  r->error_word = &((mokCommCtrl *)dev.peer_base[dev.rank])->error;
+  r->rank = dev.rank;
+  return mokSuccess;
+}
+
 static mokResult_t all_to_all_rows(mokLayer_t l, ncclComm_t nc, const void *send, const int64_t *scnt,
                                    const int64_t *sbase, void *recv, const int64_t *rcnt, const int64_t *rbase,
                                    size_t row_bytes, cudaStream_t st) {
@@ -732,7 +746,8 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   /* 5. experts */
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
-  mokGemmRows_t grows = {El, g->cap, g->d_off};
+  mokGemmRows_t grows;
+  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_off, &grows));
   if (g->fwd_impl == mokImplNccl) {
     CUDA_CHECK(l, cudaMemcpyAsync(g->d_off, g->seg_off, sizeof(int32_t) * (size_t)(El + 1), cudaMemcpyHostToDevice, st));
     MOK_CHECK(mok_gemm_gateup_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, g->act, g->gu, st));
@@ -815,7 +830,8 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
   if (g->fwd_impl == mokImplNccl) {
-    mokGemmRows_t grows = {El, g->cap, g->d_off};
+    mokGemmRows_t grows;
+    MOK_CHECK(gemm_rows(l, El, g->cap, g->d_off, &grows));
     mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
     MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
     prof_mark(g, "dA+swiglu'", st);

@@ -162,9 +162,47 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
   return make_map_t(map, ptr, 0, inner, outer, box_outer, what);
 }
 
+/* ---- run-time state of the standalone kernels ------------------------------------------
+ * Tile-scheduler counters: a ring of slots, one per launch in turn, each zero between
+ * launches (the kernel's last CTA zeroes its slot). Two launches share a slot only if
+ * kSchedRing launches lie between them, and a launch fills every SM, so slots are never
+ * used by two running kernels at once. The default error word of the launches (when the
+ * caller names none) and the debug knobs for tests. */
+constexpr int kSchedRing = 256;
+__device__ int g_gemm_sched[kSchedRing][2];
+__device__ unsigned long long g_gemm_error;
+static unsigned g_sched_next;                              /* __atomic_* */
+static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
+static int g_stall_tile = -1;
+static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
+static int g_split_tail = 1;
+
+extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
+  __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_stall_tile, stall_tile, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_sched(int mode, int split_tail) {
+  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_sched: mode %d", mode);
+  __atomic_store_n(&g_sched_mode, mode, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_split_tail, split_tail != 0, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_error_word(unsigned long long *word, int clear) {
+  if (!word) return mok_error(NULL, mokInvalidArgument, "mok_gemm_error_word: word is NULL");
+  CUDA_CHECK(NULL, cudaMemcpyFromSymbol(word, g_gemm_error, sizeof *word));
+  if (clear && *word) {
+    const unsigned long long zero = 0;
+    CUDA_CHECK(NULL, cudaMemcpyToSymbol(g_gemm_error, &zero, sizeof zero));
+  }
+  return mokSuccess;
+}
+
 /* ---- launch -------------------------------------------------------------------------- */
 template <int KIND, int BN>
-static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStream_t stream) {
+static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t max_tiles, cudaStream_t stream) {
   int dev = 0, sms = 0, major = 0, optin = 0;
   CUDA_CHECK(NULL, cudaGetDevice(&dev));
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
@@ -181,6 +219,20 @@ static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStrea
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int64_t grid = max_tiles < sms ? max_tiles : sms;
   if (grid < 1) grid = 1;
+  void *sched = nullptr, *err = nullptr;
+  CUDA_CHECK(NULL, cudaGetSymbolAddress(&sched, g_gemm_sched));
+  args.sched = static_cast<int *>(sched) + 2 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
+  if (rows->error_word) {
+    args.error_word = rows->error_word;
+  } else {
+    CUDA_CHECK(NULL, cudaGetSymbolAddress(&err, g_gemm_error));
+    args.error_word = static_cast<unsigned long long *>(err);
+  }
+  args.rank = rows->rank;
+  args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
+  args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
+  args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
+  args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
   cfg.blockDim = dim3(kThreads);
@@ -192,16 +244,18 @@ static mokResult_t launch(const GemmTileArgs &args, int64_t max_tiles, cudaStrea
 }
 
 template <int KIND>
-static mokResult_t launch_bn(int bn, const GemmTileArgs &args, int64_t max_tiles, cudaStream_t stream) {
+static mokResult_t launch_bn(int bn, const GemmTileArgs &args, const mokGemmRows_t *rows, int64_t max_tiles,
+                             cudaStream_t stream) {
   if constexpr (KIND == kDownDgrad) {
-    return launch<KIND, 128>(args, max_tiles, stream);
+    return launch<KIND, 128>(args, rows, max_tiles, stream);
   } else if constexpr (KIND == kGateUpFwd) {
-    return bn == 256 ? launch<KIND, 256>(args, max_tiles, stream) : launch<KIND, 128>(args, max_tiles, stream);
+    return bn == 256 ? launch<KIND, 256>(args, rows, max_tiles, stream)
+                     : launch<KIND, 128>(args, rows, max_tiles, stream);
   } else {
     switch (bn) {
-      case 256: return launch<KIND, 256>(args, max_tiles, stream);
-      case 192: return launch<KIND, 192>(args, max_tiles, stream);
-      default: return launch<KIND, 128>(args, max_tiles, stream);
+      case 256: return launch<KIND, 256>(args, rows, max_tiles, stream);
+      case 192: return launch<KIND, 192>(args, rows, max_tiles, stream);
+      default: return launch<KIND, 128>(args, rows, max_tiles, stream);
     }
   }
 }
@@ -236,8 +290,8 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
-  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, ts.out_cols, "w_gate"));
-  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, ts.out_cols, "w_up"));
+  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
+  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = inter;
@@ -247,7 +301,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.tm_aux = a.tm_out0;
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
-  return launch_bn<kGateUpFwd>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
+  return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
 extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
@@ -270,7 +324,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.b_rows = hidden;
   MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, 64, "y"));
   a.tm_out1 = a.tm_aux = a.tm_out0;
-  return launch_bn<kDownFwd>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 
 extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
@@ -298,7 +352,7 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
   MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 64, "dgu"));
   a.tm_out1 = a.tm_out0;
-  return launch_bn<kDownDgrad>(ts.bn, a, row_tiles_bound(rows, inter, ts.out_cols), stream);
+  return launch_bn<kDownDgrad>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
 extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
@@ -323,7 +377,7 @@ extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidd
   a.b_rows = inter;
   MOK_CHECK(make_map(&a.tm_out0, dx, hidden, rows->capacity, 64, "dx"));
   a.tm_out1 = a.tm_aux = a.tm_out0;
-  return launch_bn<kGateUpDgrad>(ts.bn, a, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  return launch_bn<kGateUpDgrad>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 
 static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t *rows, int hidden, int inter,
@@ -352,7 +406,7 @@ static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t
     a.tm_out1 = a.tm_out0;
   a.tm_aux = a.tm_out0;
   const int64_t tiles = (int64_t)rows->num_experts * ((m_w + kBM - 1) / kBM) * ((n_w + ts.bn - 1) / ts.bn);
-  return launch_bn<kWgradGateUp>(ts.bn, a, tiles, stream);
+  return launch_bn<kWgradGateUp>(ts.bn, a, rows, tiles, stream);
 }
 
 extern "C" mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,

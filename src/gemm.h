@@ -22,6 +22,15 @@
  * Every launcher: validates its arguments (mokInvalidArgument with a message, nothing
  * launched), sizes a persistent grid from the device's SM count, launches on `stream`
  * and checks the launch. Nothing is synchronised; no host-visible result but the status.
+ * Tiles are handed to the CTAs at run time (a per-launch ticket counter), which changes
+ * no result: every output element is written by one tile, reduced in a fixed order.
+ * Launches may overlap on different streams.
+ *
+ * Device errors: every wait inside the kernels is bounded (10 s). A wait that runs out
+ * records MOK_ERRWORD(MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_*, rank, tile) into
+ * rows->error_word (NULL: the GEMM module's own word, read by mok_gemm_error_word) and
+ * the kernel ends; its outputs are then undefined. A recorded word also stops later
+ * launches that use it at their first wait (sticky, as in the communicator).
  */
 #ifndef MOK_GEMM_H
 #define MOK_GEMM_H
@@ -40,6 +49,9 @@ typedef struct mokGemmRows {
   int64_t capacity;             /* rows allocated in each row-indexed tensor; < 2^31 */
   const int32_t *expert_offset; /* device [E_l + 1]; multiples of 64, nondecreasing,
                                    expert_offset[E_l] <= capacity */
+  unsigned long long *error_word; /* device error word for timeouts (the communicator's, so
+                                     mokCommGetAsyncError reports them); NULL: the module's */
+  int rank;                       /* written into an error word */
 } mokGemmRows_t;
 
 #define MOK_GEMM_MAX_EXPERTS 1024
@@ -94,6 +106,17 @@ mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int int
 mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dy,
                                 const mokBf16 *act, mokDtype_t grad_dtype, void *dw_down,
                                 cudaStream_t stream);
+
+/* [OUT] word: the module's device error word (0 = none; see above). Waits for the device
+ * (cudaMemcpyFromSymbol). clear != 0 zeroes a recorded word. */
+mokResult_t mok_gemm_error_word(unsigned long long *word, int clear);
+/* Tests: the wait budget of later launches (0 = the default 10 s) and a tile index whose
+ * loads the producer never issues (-1 = off), to provoke a timeout. Process-wide. */
+mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
+/* Benchmarks: how tiles reach CTAs: 0 = the library's rule, 1 = static round-robin,
+ * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
+ * both warpgroups (1, the default) or run on one. Process-wide. */
+mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

@@ -292,6 +292,9 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
   TRY_MOK(mok_gemm_wgrad_gateup(&rows, H, I, b->dgu, b->x, mokDtypeBF16, b->dwg2, b->dwu2, 0));
   TRY_MOK(mok_gemm_wgrad_down(&rows, H, I, b->dy, b->act, mokDtypeBF16, b->dwd2, 0));
   TRY_CUDA(cudaDeviceSynchronize());
+  unsigned long long word = 0;
+  TRY_MOK(mok_gemm_error_word(&word, 1));
+  if (word) return FAIL("a GEMM recorded device error word 0x%llx (a wait ran out)", word);
 
   const char *err;
   if ((err = nan_scan("act", b->act, used, I, 0, b->bad))) return err;
@@ -464,9 +467,135 @@ MOK_GPU_TEST(gemm_gpu_many_experts, 1) {
   CHECK_MSG(err == NULL, "%s", err);
 }
 
+/* ---- GPU: a lost load becomes a reported timeout, and the next launches still work -- */
+MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
+  /* The producer of tile 2 never issues its loads (test knob): its consumers' wait must
+   * run out after the 50 ms budget, record TIMEOUT / GEMM load / tile 2 in the module's
+   * error word and end the kernel (polled for at most 10 s, never synchronised blindly).
+   * Then, knob off and word cleared, a full chain of every kind must be right again: the
+   * aborted launch left the scheduler counters zeroed. */
+  enum { E = 3, H = 256, I = 256 };
+  static const int counts[E] = {300, 0, 200};
+  int32_t off_h[E + 1] = {0};
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  const int64_t cap = off_h[E];
+  int32_t *off = NULL;
+  mokBf16 *x = NULL, *wg = NULL, *wu = NULL, *act = NULL;
+  cudaStream_t s = NULL;
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wg, (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wu, (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess);
+  CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemset(x, 0, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMemset(wg, 0, (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMemset(wu, 0, (size_t)E * I * H * 2) == cudaSuccess);
+  unsigned long long word = 0;
+  CHECK_OK(mok_gemm_error_word(&word, 1)); /* start clean */
+  CHECK_OK(mok_gemm_debug_set(50000000ull, 2));
+  const mokGemmRows_t rows = {E, cap, off};
+  const mokResult_t launched = mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wu, act, NULL, s);
+  CHECK_OK(mok_gemm_debug_set(0, -1));
+  CHECK_OK(launched);
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cudaError_t q;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) > 10.0) {
+      printf("FAIL  %-52s  the GEMM with a lost load still runs after 10 s: its waits are not bounded. "
+             "Ending the test run here.\n", "gemm_gpu_stalled_load_times_out");
+      fflush(stdout);
+      _Exit(1);
+    }
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  CHECK_MSG(q == cudaSuccess, "the aborted GEMM launch failed: %s (it must end cleanly)", cudaGetErrorString(q));
+  CHECK_OK(mok_gemm_error_word(&word, 1));
+  CHECK_MSG(MOK_ERRWORD_KIND(word) == MOK_DEVERR_TIMEOUT, "error word 0x%llx: kind %u, want timeout (%u)", word,
+            MOK_ERRWORD_KIND(word), MOK_DEVERR_TIMEOUT);
+  CHECK_MSG(MOK_ERRWORD_WHAT(word) == MOK_WAIT_GEMM_LOAD && MOK_ERRWORD_WHERE(word) == 2,
+            "error word 0x%llx: what %u where %u, want a GEMM load wait (%d) of tile 2", word, MOK_ERRWORD_WHAT(word),
+            MOK_ERRWORD_WHERE(word), MOK_WAIT_GEMM_LOAD);
+  CHECK_OK(mok_gemm_error_word(&word, 0));
+  CHECK_MSG(word == 0, "the error word was not cleared: 0x%llx", word);
+  cudaStreamDestroy(s);
+  cudaFree(off); cudaFree(x); cudaFree(wg); cudaFree(wu); cudaFree(act);
+  static const int again[4] = {130, 0, 64, 257};
+  gemm_case c = {4, 320, 256, again, 0.0f, 0, 0};
+  const char *err = run_case(&c, test_seed() ^ 0x5a11);
+  CHECK_MSG(err == NULL, "after the aborted launch: %s", err);
+}
+
+/* ---- GPU: the tile schedule changes no bit of any output --------------------------- */
+static const char *sched_outputs(int mode, int E, int H, int I, int64_t cap, const int32_t *off, const mokBf16 *x,
+                                 const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act, uint16_t *h_dw) {
+  mokBf16 *act = NULL, *gu = NULL, *dwg = NULL, *dwu = NULL;
+  const char *err = NULL;
+  const mokGemmRows_t rows = {E, cap, off};
+  const size_t wsz = (size_t)E * I * H;
+  if (cudaMalloc(&act, (size_t)cap * I * 2) != cudaSuccess || cudaMalloc(&gu, (size_t)cap * I * 4) != cudaSuccess ||
+      cudaMalloc(&dwg, wsz * 2) != cudaSuccess || cudaMalloc(&dwu, wsz * 2) != cudaSuccess) {
+    err = "cudaMalloc failed";
+  } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess ||
+             mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + wsz, act, gu, 0) != mokSuccess ||
+             mok_gemm_wgrad_gateup(&rows, H, I, dgu, x, mokDtypeBF16, dwg, dwu, 0) != mokSuccess) {
+    err = FAIL("launch failed: %s", mokGetLastError());
+  } else if (cudaMemcpy(h_act, act, (size_t)cap * I * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+             cudaMemcpy(h_dw, dwg, wsz * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
+    err = "cudaMemcpy failed";
+  }
+  mok_gemm_debug_sched(0, 1);
+  cudaFree(act); cudaFree(gu); cudaFree(dwg); cudaFree(dwu);
+  return err;
+}
+
+MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
+  /* The same layout (uneven experts, 64-row tails, an empty expert) under static
+   * round-robin and under run-time tickets: act and dW_gate must agree in every bit. */
+  enum { E = 6, H = 512, I = 384 };
+  static const int counts[E] = {500, 64, 0, 190, 1000, 33};
+  int32_t off_h[E + 1] = {0};
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  const int64_t cap = off_h[E];
+  const size_t wsz = (size_t)E * I * H;
+  int32_t *off = NULL, *cnt = NULL;
+  mokBf16 *x = NULL, *w = NULL, *dgu = NULL;
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&cnt, sizeof counts) == cudaSuccess);
+  CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&w, 2 * wsz * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&dgu, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(cnt, counts, sizeof counts, cudaMemcpyHostToDevice) == cudaSuccess);
+  const uint64_t seed = test_seed() ^ 0x5c4ed;
+  CHECK_OK(mok_gemm_fill_rows(x, cap, H, seed + 1, 1.0f, E, off, cnt, 0));
+  CHECK_OK(mok_gemm_fill_rows(dgu, cap, 2 * I, seed + 2, 1.0f, E, off, cnt, 0));
+  CHECK_OK(mok_gemm_fill_rows(w, 2 * (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  uint16_t *act[2], *dw[2];
+  const char *err = NULL;
+  for (int m = 0; m < 2; ++m) {
+    act[m] = (uint16_t *)malloc((size_t)cap * I * 2);
+    dw[m] = (uint16_t *)malloc(wsz * 2);
+  }
+  for (int m = 0; m < 2 && !err; ++m) err = sched_outputs(m + 1, E, H, I, cap, off, x, w, dgu, act[m], dw[m]);
+  const int same_act = !err && !memcmp(act[0], act[1], (size_t)cap * I * 2);
+  const int same_dw = !err && !memcmp(dw[0], dw[1], wsz * 2);
+  for (int m = 0; m < 2; ++m) { free(act[m]); free(dw[m]); }
+  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(dgu);
+  CHECK_MSG(err == NULL, "%s", err);
+  CHECK_MSG(same_act, "act differs between the static and the ticket schedule");
+  CHECK_MSG(same_dw, "dW_gate differs between the static and the ticket schedule");
+}
+
 /* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */
-/* Row-grouped tiles of a persistent CTA (host mirror of gemm_decode_tile): how many times a CTA runs a 64-row tail tile right after a full
- * one. There the idle warpgroup used to leave three of its warps behind the ring. */
+/* Row-grouped tiles under a round-robin assignment (host mirror of gemm_decode_tile; the
+ * kernels hand tiles out at run time, so this is a proxy that the layout mixes them): how
+ * many times a CTA runs a 64-row tail tile right after a full one. There the idle
+ * warpgroup used to leave three of its warps behind the ring. */
 static int full_then_tail(int E, const int32_t *off, int n_tiles, int grid) {
   int total = 0, count = 0;
   for (int e = 0; e < E; ++e) total += (off[e + 1] - off[e] + 127) / 128 * n_tiles;

@@ -5,7 +5,7 @@
  *
  *   mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]
  *                  [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]
- *                  [--iters N] [--json FILE]
+ *                  [--iters N] [--json FILE] [--sched auto|static|tickets] [--tail split|one]
  *
  * Rows: E_l local experts (default: the model's E / 8, the local experts of 8 GPUs);
  * R rows each (default: the published per-expert load of the model, else 512), or the
@@ -79,7 +79,10 @@ static void usage(void) {
   fprintf(stderr,
           "usage: mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]\n"
           "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
-          "                      [--iters N] [--json FILE]\nmodels:");
+          "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
+          "                      [--tail split|one]\n"
+          "  --sched, --tail: diagnostics: how tiles reach the CTAs (default auto: the library's\n"
+          "  rule); 64-row tails of 256-wide tiles on both warpgroups (split, default) or one\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
@@ -393,6 +396,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   double zipf = 0;
   const char *json = NULL;
   b->iters = 20;
+  int sched = 0, split = 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -410,6 +414,13 @@ static int bench_main(int argc, char **argv, bench *b) {
     else if (!strcmp(a, "--rows-per-expert")) R = atoi(v);
     else if (!strcmp(a, "--iters")) b->iters = atoi(v);
     else if (!strcmp(a, "--limit")) b->limit = (float)atof(v);
+    else if (!strcmp(a, "--sched")) { /* diagnostics: how tiles reach CTAs */
+      sched = !strcmp(v, "static") ? 1 : !strcmp(v, "tickets") ? 2 : !strcmp(v, "auto") ? 0 : -1;
+      if (sched < 0) { fprintf(stderr, "bench gemm: --sched auto|static|tickets\n"); return 2; }
+    } else if (!strcmp(a, "--tail")) {
+      split = !strcmp(v, "split") ? 1 : !strcmp(v, "one") ? 0 : -1;
+      if (split < 0) { fprintf(stderr, "bench gemm: --tail split|one\n"); return 2; }
+    }
     else if (!strcmp(a, "--json")) json = v;
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
@@ -417,6 +428,7 @@ static int bench_main(int argc, char **argv, bench *b) {
       else { fprintf(stderr, "bench gemm: --routing uniform|zipf:S (S > 0)\n"); return 2; }
     } else { fprintf(stderr, "bench gemm: unknown option %s\n", a); usage(); return 2; }
   }
+  mok_gemm_debug_sched(sched, split);
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;
   b->E = E ? E : m->E / 8;

@@ -11,15 +11,17 @@
  *               advanced by gemm_decode_tile, which maps a tile index to a TileCoord
  *               and returns false past the last tile. Cheapest for increasing indices
  *               (a persistent CTA's order); any index works.
- *   gemm_tile_produce<KIND, BN>(args, coord, smem, pipe)       one thread of the producer WG
- *   gemm_tile_consume<KIND, BN>(args, coord, smem, pipe, epi, wg) both consumer WGs (wg = 0, 1)
- *   gemm_consumer_finish(epi, wg): before a consumer warpgroup exits (drains its stores)
+ *   gemm_tile_produce<KIND, BN>(args, coord, smem, pipe, wait)  one thread of the producer WG
+ *   gemm_tile_consume<KIND, BN>(args, coord, smem, pipe, epi, wait, wg) both consumer WGs
+ *   gemm_consumer_finish(): before a consumer warpgroup exits (drains its stores)
  *   PipeState: the ring position; producer and consumers walk the same tile sequence, so
  *              their positions agree. EpiState: a consumer warpgroup's staging state.
+ *   WaitCtx: the bounded-wait state of a thread (every mbarrier wait is bounded).
  *
  * Tile: BM = 128 rows (consumer warpgroup wg owns rows wg*64 .. +64), BN output columns
- * (128, 192 or 256; gate+up holds BN/2 gate and the same BN/2 up columns, so one thread
- * owns g and u of the same element), BK = 64 (one 128-byte swizzle row of bf16).
+ * (128, 192 or 256; gate+up holds BN/2 outputs as, per 64 outputs, 64 gate then the same
+ * 64 up weight rows, so one thread owns g and u of the same element and a 64-row tail
+ * tile's half of B is one contiguous block), BK = 64 (one 128-byte swizzle row of bf16).
  * Shared memory: the ring of stages (A 128 x 64, 16 KB, then B BN x 64; K-major operands
  * are one TMA box of 64-element rows, MN-major ones 64-wide MN chunks of 64 K-rows, 8 KB
  * each), then the epilogue area, then the mbarriers. Epilogue area per consumer
@@ -45,6 +47,7 @@
 #include <cuda_bf16.h> /* defines: __nv_bfloat162, __float22bfloat162_rn */
 #include <stdint.h>
 
+#include "comm.h"                   /* defines: MOK_ERRWORD, MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_* */
 #include "gemm/sm90_primitives.cuh" /* defines: mbarrier_*, tma_*, bulk_*, stmatrix_x4, wgmma_* */
 
 namespace mok_sm90 {
@@ -77,13 +80,14 @@ struct TileConfig {
   static constexpr int kStageBytes = kABytes + kBBytes; /* a multiple of 1024 */
   static constexpr int kEpiChunks = KIND == kDownDgrad ? 4 : 2; /* per consumer warpgroup */
   static constexpr int kEpiBytes = 2 * kEpiChunks * kStgBytes;
-  static constexpr int kBarBytes = 256;
+  static constexpr int kBarBytes = 256; /* full[S] empty[S] aux[2] sfull[4] sempty[4] tile[4] */
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
   static constexpr int kEpiOffset = kStages * kStageBytes;
-  static constexpr int kBarOffset = kEpiOffset + kEpiBytes; /* full[S], empty[S], aux[2] */
+  static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
   static_assert(kStages >= 3, "too few pipeline stages");
+  static_assert((2 * kStages + 2 + 8) * 8 + 16 <= kBarBytes, "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
   static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
   static_assert(KIND != kGateUpFwd || BN != 192, "gate+up stores whole 64-column chunks of act, g and u");
@@ -109,7 +113,66 @@ struct GemmTileArgs {
   float limit;    /* SwiGLU clamp, 0 = off */
   int out_fp32;   /* wgrad output dtype */
   int save_gu;    /* gate+up fwd: store g and u (tm_out1) */
+  /* standalone kernel only (a megakernel schedules tiles itself): */
+  int *sched;     /* [2] next-tile counter and finished-CTA count: zero before the launch;
+                     the last CTA to finish zeroes them again */
+  unsigned long long *error_word; /* a wait that runs out records MOK_ERRWORD(TIMEOUT, ...) */
+  unsigned long long timeout_ns;  /* budget of one wait */
+  int rank;       /* written into the error word */
+  int stall_tile; /* tests: the producer stops before this tile (a lost load); -1 = off */
+  int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
+  int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
 };
+
+/* ---- bounded waits --------------------------------------------------------------------
+ * Every mbarrier wait of the tiles is bounded: a wait that is still open after
+ * timeout_ns records MOK_ERRWORD(MOK_DEVERR_TIMEOUT, what, rank, tile) in *err (first
+ * word wins) and returns false; a wait that sees a recorded word returns false too. From
+ * then on the thread is `dead`: its waits return false at once, it still runs its code
+ * path (garbage data, same barriers), so the threads of a warpgroup stay in step and the
+ * kernel ends instead of hanging. Outputs of such a launch are undefined. */
+struct WaitCtx {
+  unsigned long long *err;
+  unsigned long long timeout_ns;
+  uint32_t rank;
+  uint32_t tile; /* where: the tile being waited for */
+  bool dead;
+};
+
+__device__ __forceinline__ WaitCtx wait_ctx(const GemmTileArgs &a) {
+  WaitCtx w;
+  w.err = a.error_word;
+  w.timeout_ns = a.timeout_ns;
+  w.rank = (uint32_t)a.rank;
+  w.tile = 0;
+  w.dead = false;
+  return w;
+}
+
+/* The slow path touches neither the clock nor global memory for its first 2048 tests
+ * (a normal wait ends there; a load of the error word in the loop would delay noticing
+ * the phase by an L2 round trip), then checks both every 256 tests. */
+__device__ __forceinline__ bool bar_wait(uint64_t *bar, uint32_t parity, WaitCtx &w, uint32_t what) {
+  if (mbarrier_try_wait_parity(bar, parity)) return true;
+  if (w.dead) return false;
+  for (int spin = 0; spin < 2048; ++spin)
+    if (mbarrier_try_wait_parity(bar, parity)) return true;
+  const unsigned long long start = globaltimer_u64();
+  for (;;) {
+    for (int spin = 0; spin < 256; ++spin)
+      if (mbarrier_try_wait_parity(bar, parity)) return true;
+    if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) {
+      w.dead = true;
+      return false;
+    }
+    if (globaltimer_u64() - start > w.timeout_ns) {
+      atomicCAS(w.err, 0ull, MOK_ERRWORD(MOK_DEVERR_TIMEOUT, what, w.rank, w.tile));
+      __threadfence_system();
+      w.dead = true;
+      return false;
+    }
+  }
+}
 
 struct TileCoord {
   int expert;
@@ -220,8 +283,9 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
 }
 
 /* ---- producer: one thread issues every TMA load of the tile ----------------------- */
+/* false: a wait ran out (WaitCtx); nothing more may be issued. */
 template <int KIND, int BN>
-__device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p) {
+__device__ bool gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
   using TC = TileConfig<KIND, BN>;
   using KT = KindTraits<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -231,7 +295,7 @@ __device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, cha
   const bool tail64 = !KT::kAMn && c.m0 + 64 >= c.m_end;
   const uint32_t stage_tx = TC::kStageBytes - (tail64 ? kChunkBytes : 0);
   for (int kb = 0; kb < c.k_blocks; ++kb) {
-    mbarrier_wait_parity(&empty[p.stage], p.phase ^ 1u); /* consumers freed this slot */
+    if (!bar_wait(&empty[p.stage], p.phase ^ 1u, w, MOK_WAIT_GEMM_SLOT)) return false; /* consumers freed it */
     uint64_t *bar = &full[p.stage];
     char *sa = smem + p.stage * TC::kStageBytes;
     char *sb = sa + kABytes;
@@ -243,10 +307,13 @@ __device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, cha
     } else {
       tma_load_2d(sa, tail64 ? &a.tm_a64 : &a.tm_a, bar, kk, c.m0);
     }
-    if (KIND == kGateUpFwd) { /* [E*I, H] gate rows then up rows of the same columns */
+    if (KIND == kGateUpFwd) { /* [E*I, H]: per 64 output columns, 64 gate rows then the same 64 up rows */
       const int row = c.expert * a.b_rows + c.n0;
-      tma_load_2d(sb, &a.tm_b0, bar, kk, row);
-      tma_load_2d(sb + (BN / 2) * 128, &a.tm_b1, bar, kk, row);
+#pragma unroll
+      for (int ch = 0; ch < BN / 128; ++ch) {
+        tma_load_2d(sb + ch * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * ch);
+        tma_load_2d(sb + (ch * 2 + 1) * kChunkBytes, &a.tm_b1, bar, kk, row + 64 * ch);
+      }
     } else if (KIND == kDownFwd) { /* W_down [E*H, I], K-major */
       tma_load_2d(sb, &a.tm_b0, bar, kk, c.expert * a.b_rows + c.n0);
     } else { /* MN-major B: BN/64 chunks of 64 columns x 64 K-rows */
@@ -266,6 +333,7 @@ __device__ void gemm_tile_produce(const GemmTileArgs &a, const TileCoord &c, cha
     }
     pipe_advance<TC::kStages>(p);
   }
+  return true;
 }
 
 /* ---- epilogues ------------------------------------------------------------------------
@@ -381,17 +449,18 @@ __device__ __forceinline__ void aux_load(const GemmTileArgs &a, int row0, int n0
 }
 
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
- * weight row of expert c.expert), output columns from n0 (gate+up: NC/2 gate then the
- * same NC/2 up columns, outputs from n0). */
+ * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
+ * gate then the same 64 up columns). */
 template <int KIND, int BN, int NC>
 __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileCoord &c, char *smem, EpiState &st,
-                                              int wg, int row0, int n0, const float (&acc)[NC / 2]) {
+                                              WaitCtx &w, int wg, int row0, int n0, const float (&acc)[NC / 2]) {
   using TC = TileConfig<KIND, BN>;
   const float L = a.limit;
   if (KIND == kGateUpFwd) {
-    constexpr int G = NC / 16; /* column groups of gate (and of up) */
+    /* accumulator columns per 64 outputs: 64 gate then the same 64 up (column groups
+     * 16cc .. +7 and 16cc + 8 .. +15) */
 #pragma unroll
-    for (int cc = 0; cc < G / 8; ++cc) {
+    for (int cc = 0; cc < NC / 128; ++cc) {
       const int col = n0 + 64 * cc;
       if (col >= a.n_out) break;
       /* pass 0: act; 1: g; 2: u (saved context). With the clamp on, a value the clamp
@@ -404,9 +473,9 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
         for (int jj = 0; jj < 8; ++jj)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int j = 8 * cc + jj;
+            const int j = 16 * cc + jj;
             float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-            float u0 = acc[4 * (j + G) + 2 * h], u1 = acc[4 * (j + G) + 2 * h + 1];
+            float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
             if (pass == 1) {
               v[jj][h] = L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
             } else if (pass == 2) {
@@ -431,7 +500,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
     const uint32_t base = smem_u32(smem + TC::kEpiOffset + wg * TC::kEpiChunks * kStgBytes);
     const int nch = min(NC / 64, (a.n_out - n0) / 64);
     if (nch <= 0) return; /* nothing loaded (aux_load), nothing to store */
-    mbarrier_wait_parity(aux, st.aux_phase); /* g and u of the tile have landed */
+    bar_wait(aux, st.aux_phase, w, MOK_WAIT_GEMM_LOAD); /* g and u of the tile have landed */
     st.aux_phase ^= 1u;
 #pragma unroll
     for (int cc = 0; cc < NC / 64; ++cc) {
@@ -501,26 +570,22 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
 
 /* ---- consumer ------------------------------------------------------------------------
  * The main loop of one warpgroup: k_blocks stages of A rows at a_off (bytes into the
- * stage) times B columns at b_off0 (and, for NSUB = 2, a second block of NC/2 columns at
- * b_off1 into the upper half of acc). Releases each stage once its MMAs are done. */
-template <int KIND, int BN, int NC, int NSUB>
-__device__ __forceinline__ void mma_loop(char *smem, PipeState &p, int k_blocks, uint32_t a_off, uint32_t b_off0,
-                                         uint32_t b_off1, float (&acc)[NC / 2]) {
+ * stage) times NC B columns at b_off. Releases each stage once its MMAs are done. */
+template <int KIND, int BN, int NC>
+__device__ __forceinline__ void mma_loop(char *smem, PipeState &p, WaitCtx &w, int k_blocks, uint32_t a_off,
+                                         uint32_t b_off, float (&acc)[NC / 2]) {
   using TC = TileConfig<KIND, BN>;
   using KT = KindTraits<KIND>;
-  constexpr int NS = NC / NSUB; /* columns of one wgmma */
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const bool leader = (threadIdx.x & 127) == 0;
-  float(&acc0)[NS / 2] = *reinterpret_cast<float(*)[NS / 2]>(&acc[0]);
-  float(&acc1)[NS / 2] = *reinterpret_cast<float(*)[NS / 2]>(&acc[(NSUB - 1) * (NS / 2)]);
 #pragma unroll
   for (int i = 0; i < NC / 2; ++i) acc[i] = 0.f;
   int prev = 0;
   for (int kb = 0; kb < k_blocks; ++kb) {
-    mbarrier_wait_parity(&full[p.stage], p.phase);
+    bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
     const uint32_t sa = smem_u32(smem + p.stage * TC::kStageBytes) + a_off;
-    const uint32_t sb = smem_u32(smem + p.stage * TC::kStageBytes + kABytes);
+    const uint32_t sb = smem_u32(smem + p.stage * TC::kStageBytes + kABytes) + b_off;
 #pragma unroll
     for (int i = 0; i < NC / 2; ++i) reg_fence(acc[i]);
     wgmma_fence();
@@ -530,9 +595,7 @@ __device__ __forceinline__ void mma_loop(char *smem, PipeState &p, int k_blocks,
                                    : wgmma_desc_sw128(sa + k16 * 32, 16, 1024);
       const uint32_t kb_off = KT::kBMn ? k16 * 2048 : k16 * 32;
       const uint32_t lbo = KT::kBMn ? kChunkBytes : 16;
-      wgmma_bf16<NS, KT::kAMn, KT::kBMn>(acc0, da, wgmma_desc_sw128(sb + b_off0 + kb_off, lbo, 1024), 1);
-      if (NSUB == 2)
-        wgmma_bf16<NS, KT::kAMn, KT::kBMn>(acc1, da, wgmma_desc_sw128(sb + b_off1 + kb_off, lbo, 1024), 1);
+      wgmma_bf16<NC, KT::kAMn, KT::kBMn>(acc, da, wgmma_desc_sw128(sb + kb_off, lbo, 1024), 1);
     }
     wgmma_commit_group();
     wgmma_wait_group<1>(); /* the previous stage's MMAs are done: release its slot */
@@ -561,7 +624,7 @@ struct SplitTail {
  * warpgroup. */
 template <int KIND, int BN>
 __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
-                                  EpiState &st, int wg) {
+                                  EpiState &st, WaitCtx &w, int wg) {
   using TC = TileConfig<KIND, BN>;
   using KT = KindTraits<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -572,20 +635,16 @@ __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, cha
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0); /* uniform trip count */
   const bool tail = __shfl_sync(0xffffffffu, (int)(c.m0 + 64 >= c.m_end), 0) != 0;
   if constexpr (SplitTail<KIND, BN>::kOn) {
-    if (tail) {
+    if (tail && (KIND == kDownDgrad || a.split_tail)) {
       constexpr int NC = BN / 2;
       float acc[NC / 2];
       int n0;
-      if constexpr (KIND == kGateUpFwd) { /* B rows: gate [0, BN/2), up [BN/2, BN); K-major, 128 B a row */
-        n0 = c.n0 + wg * (BN / 4);
-        mma_loop<KIND, BN, NC, 2>(smem, p, k_blocks, 0, wg * (BN / 4) * 128, (BN / 2 + wg * (BN / 4)) * 128, acc);
-      } else {
-        n0 = c.n0 + wg * NC;
-        aux_load<KIND, BN, NC>(a, c.m0, n0, smem, wg);
-        mma_loop<KIND, BN, NC, 1>(smem, p, k_blocks, 0, KT::kBMn ? wg * (NC / 64) * kChunkBytes : wg * NC * 128,
-                                  0, acc);
-      }
-      gemm_epilogue<KIND, BN, NC>(a, c, smem, st, wg, c.m0, n0, acc);
+      /* gate+up: B rows [wg * BN/2, +BN/2) hold the gate and up rows of outputs
+       * c.n0 + wg * BN/4 .. +BN/4 (K-major, 128 B a row) */
+      n0 = c.n0 + wg * tile_out_cols<KIND, BN>() / 2;
+      aux_load<KIND, BN, NC>(a, c.m0, n0, smem, wg);
+      mma_loop<KIND, BN, NC>(smem, p, w, k_blocks, 0, KT::kBMn ? wg * (NC / 64) * kChunkBytes : wg * NC * 128, acc);
+      gemm_epilogue<KIND, BN, NC>(a, c, smem, st, w, wg, c.m0, n0, acc);
       return;
     }
   }
@@ -601,7 +660,7 @@ __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, cha
      * warps leave the tile at the same ring position. */
     if (((threadIdx.x >> 5) & 3) == 0) {
       for (int kb = 0; kb < k_blocks; ++kb) {
-        mbarrier_wait_parity(&full[p.stage], p.phase);
+        bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
         mbarrier_arrive_if(&empty[p.stage], leader);
         pipe_advance<TC::kStages>(p);
       }
@@ -614,8 +673,8 @@ __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, cha
   const int row0 = c.m0 + wg * 64;
   aux_load<KIND, BN, BN>(a, row0, c.n0, smem, wg);
   float acc[BN / 2];
-  mma_loop<KIND, BN, BN, 1>(smem, p, k_blocks, wg * kChunkBytes, 0, 0, acc);
-  gemm_epilogue<KIND, BN, BN>(a, c, smem, st, wg, row0, c.n0, acc);
+  mma_loop<KIND, BN, BN>(smem, p, w, k_blocks, wg * kChunkBytes, 0, acc);
+  gemm_epilogue<KIND, BN, BN>(a, c, smem, st, w, wg, row0, c.n0, acc);
 }
 
 /* A consumer warpgroup's last step: its TMA stores have finished (global writes done)
@@ -624,7 +683,34 @@ __device__ __forceinline__ void gemm_consumer_finish() {
   if ((threadIdx.x & 127) == 0) bulk_wait_group<0>();
 }
 
-/* ---- the standalone persistent kernel: one CTA per SM, static round-robin tiles ---- */
+/* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
+ * Tile schedule: CTA b runs tile b first; then either static round-robin (b + gridDim.x,
+ * ...) or run-time tickets (gridDim.x + an atomic ticket from a.sched[0], taken by the
+ * producer thread one tile ahead), by use_tickets below. Tiles that differ in cost
+ * (64-row tail tiles, short weight-gradient tiles) leave SMs idle under round-robin (with
+ * 3 m-blocks per expert and 132 SMs a third of the CTAs got every tail tile). Which CTA
+ * runs a tile changes nothing in its result (each output is written by one tile, reduced
+ * in a fixed order), so results stay bitwise reproducible either way. The producer hands
+ * the tile index to both consumer warpgroups through a 4-slot ring in shared memory
+ * (sfull: 1 arrival, sempty: 256). The last CTA to finish zeroes a.sched for the next
+ * launch (also after a timeout: every CTA still ends). */
+constexpr int kSchedSlots = 4;
+
+/* The schedule rule, from measurements (docs/PERF.md): tickets for weight gradients
+ * (short tiles, K = one expert's rows) and for row-grouped launches whose tiles differ in
+ * cost (some segment ends in a 64-row tail tile); static round-robin for row-grouped
+ * launches of equal tiles (measured 1-7% faster there). One warp, the same answer in
+ * every CTA. */
+template <int KIND>
+__device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
+  if (KindTraits<KIND>::kWgrad) return true;
+  const int lane = threadIdx.x & 31;
+  bool uneven = false;
+  for (int e = lane; e < a.num_experts; e += 32)
+    uneven |= ((__ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) & 127) == 64;
+  return __any_sync(0xffffffffu, uneven);
+}
+
 template <int KIND, int BN>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
   using TC = TileConfig<KIND, BN>;
@@ -632,6 +718,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
+  uint64_t *sfull = empty + TC::kStages + 2; /* after aux[2] */
+  uint64_t *sempty = sfull + kSchedSlots;
+  volatile int *stile = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < TC::kStages; ++s) {
@@ -640,33 +729,65 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     mbarrier_init(&empty[TC::kStages], 1);     /* aux[0]: leader of consumer WG 0 */
     mbarrier_init(&empty[TC::kStages + 1], 1); /* aux[1] */
+    for (int s = 0; s < kSchedSlots; ++s) {
+      mbarrier_init(&sfull[s], 1);
+      mbarrier_init(&sempty[s], kThreads - 128);
+    }
     fence_mbarrier_init();
   }
   __syncthreads();
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
-  PipeState p = {0, 0u};
+  PipeState p = {0, 0u}, sp = {0, 0u};
   GemmCursor cu;
   TileCoord c;
+  WaitCtx w = wait_ctx(a);
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND>(a));
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
       tma_prefetch_descriptor(&a.tm_a64);
       gemm_cursor_init(a.expert_offset, cu);
-      for (int t = blockIdx.x; gemm_decode_tile<KIND, BN>(a, cu, t, c); t += gridDim.x)
-        gemm_tile_produce<KIND, BN>(a, c, smem, p);
+      for (int t = blockIdx.x;;) {
+        w.tile = (uint32_t)sp.stage;
+        if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
+        stile[sp.stage] = t;
+        mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read stile after their wait */
+        pipe_advance<kSchedSlots>(sp);
+        if (!gemm_decode_tile<KIND, BN>(a, cu, t, c)) break;
+        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : t + (int)gridDim.x;
+        w.tile = (uint32_t)t;
+        if (t == a.stall_tile) break; /* tests: a load that never comes */
+        if (!gemm_tile_produce<KIND, BN>(a, c, smem, p, w)) break;
+        t = next;
+      }
+      __threadfence(); /* this CTA's tickets come before its finish count */
+      if (atomicAdd(&a.sched[1], 1) == (int)gridDim.x - 1) { /* every CTA took its last ticket */
+        atomicExch(&a.sched[0], 0);
+        atomicExch(&a.sched[1], 0);
+      }
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     EpiState st = {0, 0u};
     gemm_cursor_init(a.expert_offset, cu);
-    for (int t = blockIdx.x;; t += gridDim.x) {
+    for (;;) {
+      w.tile = (uint32_t)sp.stage;
+      const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
+      /* the warpgroup leaves together (its named barrier) when any of its threads failed */
+      const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
+      if (stop) break;
+      const int t = stile[sp.stage];
+      mbarrier_arrive(&sempty[sp.stage]);
+      pipe_advance<kSchedSlots>(sp);
       /* uniform loop exit for ptxas */
       if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN>(a, cu, t, c), 0)) break;
-      gemm_tile_consume<KIND, BN>(a, c, smem, p, st, wg - 1);
+      w.tile = (uint32_t)t;
+      gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
     gemm_consumer_finish();
   }

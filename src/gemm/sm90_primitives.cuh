@@ -48,23 +48,31 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_
   asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(smem_u32(bar)), "r"(bytes)
                : "memory");
 }
-/* Waits until the phase with parity `parity` has completed. The waits here are on this
- * CTA's own TMA transfers and its own warps, which always make progress, so they are
- * not bounded (a fault in a TMA transfer aborts the kernel instead of hanging it).
- * Acquire semantics at CTA scope: what the TMA wrote is visible after it returns.
+/* One test of the phase with parity `parity` (true: it has completed). The hardware may
+ * suspend the thread for a short, implementation-defined time before answering false.
+ * Acquire semantics at CTA scope: what the TMA wrote is visible once it returns true.
  * Parity only: a waiter must not fall two phases behind the barrier (it would wait for
- * the phase after), so every thread that waits must be one the ring waits for too. */
-__device__ __forceinline__ void mbarrier_wait_parity(uint64_t *bar, uint32_t parity) {
-  uint32_t addr = smem_u32(bar);
+ * the phase after), so every thread that waits must be one the ring waits for too.
+ * The GEMM tiles wait through mok_sm90::bar_wait (grouped_gemm.cuh), which bounds it. */
+__device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
   asm volatile(
       "{\n"
-      ".reg .pred done;\n"
-      "WAIT_%=:\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 done, [%0], %1;\n"
-      "@!done bra WAIT_%=;\n"
-      "}\n" ::"r"(addr),
-      "r"(parity)
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
       : "memory");
+  return done != 0;
+}
+
+/* %globaltimer: nanoseconds, the same clock on every SM. */
+__device__ __forceinline__ unsigned long long globaltimer_u64() {
+  unsigned long long t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+  return t;
 }
 
 /* ---- named barriers --------------------------------------------------------------- */
@@ -75,6 +83,24 @@ __device__ __forceinline__ void mbarrier_wait_parity(uint64_t *bar, uint32_t par
 template <int ID>
 __device__ __forceinline__ void named_barrier_sync(uint32_t count) {
   asm volatile("barrier.sync %0, %1;" ::"n"(ID), "r"(count) : "memory");
+}
+
+/* Barrier ID with `count` threads and an OR over their `pred`: every thread gets the
+ * same answer (a warpgroup-uniform decision). */
+template <int ID>
+__device__ __forceinline__ bool named_barrier_or(uint32_t count, bool pred) {
+  uint32_t r;
+  asm volatile(
+      "{\n"
+      ".reg .pred q, p;\n"
+      "setp.ne.u32 q, %1, 0;\n"
+      "barrier.red.or.pred p, %2, %3, q;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(r)
+      : "r"((uint32_t)pred), "n"(ID), "r"(count)
+      : "memory");
+  return r != 0;
 }
 
 /* ---- TMA (cp.async.bulk.tensor) ------------------------------------------------- */
