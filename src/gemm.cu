@@ -16,6 +16,7 @@
 #include <cuda_runtime.h>
 
 #include "gemm/grouped_gemm.cuh" /* defines: mok_sm90::grouped_gemm_kernel, GemmTileArgs */
+#include "gemm/token_tile_exp.cuh" /* EXPERIMENT: mok_sm90::tok_down_kernel */
 #include "internal.h"            /* defines: mok_error, CUDA_CHECK */
 
 using namespace mok_sm90;
@@ -304,6 +305,32 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
+/* EXPERIMENT (exp/token-tiles): MOK_DIAG_TOKEN160=1 runs the down GEMM with 256 x 160
+ * token tiles; valid only where every segment is a multiple of 160 and H of 256. */
+static mokResult_t down_fwd_token160(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
+                                     const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
+  constexpr int NT = 160;
+  TokArgs a;
+  memset(&a, 0, sizeof a);
+  const uint64_t E = (uint64_t)rows->num_experts;
+  MOK_CHECK(make_map(&a.tm_w, w_down, inter, E * hidden, 256, "w_down"));
+  MOK_CHECK(make_map(&a.tm_act, act, inter, rows->capacity, 32, "act"));
+  MOK_CHECK(make_map(&a.tm_y, y, hidden, rows->capacity, 32, "y"));
+  a.expert_offset = rows->expert_offset;
+  a.num_experts = rows->num_experts;
+  a.H = hidden;
+  a.I = inter;
+  int dev = 0, sms = 0;
+  CUDA_CHECK(NULL, cudaGetDevice(&dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  auto kernel = tok_down_kernel<NT>;
+  const int smem = TokCfg<NT>::kSmem;
+  CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  kernel<<<sms, kThreads, smem, stream>>>(a);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
 extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
                                          const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
   static const char fn[] = "mok_gemm_down_fwd";
@@ -311,6 +338,8 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(check_ptr(fn, "act", act));
   MOK_CHECK(check_ptr(fn, "w_down", w_down));
   MOK_CHECK(check_ptr(fn, "y", y));
+  if (getenv("MOK_DIAG_TOKEN160") && hidden % 256 == 0)
+    return down_fwd_token160(rows, hidden, inter, act, w_down, y, stream);
   mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(mokGemmDownFwd, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
