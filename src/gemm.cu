@@ -16,7 +16,6 @@
 #include <cuda_runtime.h>
 
 #include "gemm/grouped_gemm.cuh" /* defines: mok_sm90::grouped_gemm_kernel, GemmTileArgs */
-#include "gemm/token_tile_exp.cuh" /* EXPERIMENT: mok_sm90::tok_down_kernel */
 #include "internal.h"            /* defines: mok_error, CUDA_CHECK */
 
 using namespace mok_sm90;
@@ -68,6 +67,17 @@ extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int i
   }
   shape->bm = kBM;
   shape->bk = kBK;
+  shape->token = 0;
+  if ((kind == mokGemmGateUpFwd && inter % 128 == 0) || (kind == mokGemmDownFwd && hidden % 256 == 0)) {
+    /* token tiles: 256 weight rows x up to 160 rows (see grouped_gemm.cuh) */
+    shape->token = 1;
+    shape->bm = 256;
+    shape->bn = kTokMax;
+    shape->out_cols = kind == mokGemmGateUpFwd ? 128 : 256;
+    shape->stages = kind == mokGemmGateUpFwd ? TokConfig<kGateUpFwd>::kStages : TokConfig<kDownFwd>::kStages;
+    shape->smem_bytes = kind == mokGemmGateUpFwd ? TokConfig<kGateUpFwd>::kSmemBytes : TokConfig<kDownFwd>::kSmemBytes;
+    return mokSuccess;
+  }
   if (kind == mokGemmGateUpFwd) { /* whole 64-column chunks of act, g and u */
     shape->out_cols = pick_width(n, half, 2);
     shape->bn = 2 * shape->out_cols;
@@ -202,7 +212,13 @@ extern "C" mokResult_t mok_gemm_error_word(unsigned long long *word, int clear) 
 }
 
 /* ---- launch -------------------------------------------------------------------------- */
-template <int KIND, int BN>
+template <int KIND, int BN, int TOK>
+static int smem_plan() {
+  if constexpr (TOK != 0) return TokConfig<KIND>::kSmemBytes;
+  else return TileConfig<KIND, BN>::kSmemBytes;
+}
+
+template <int KIND, int BN, int TOK = 0>
 static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t max_tiles, cudaStream_t stream) {
   int dev = 0, sms = 0, major = 0, optin = 0;
   CUDA_CHECK(NULL, cudaGetDevice(&dev));
@@ -212,11 +228,11 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
                      major * 10);
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int smem = TileConfig<KIND, BN>::kSmemBytes;
+  const int smem = smem_plan<KIND, BN, TOK>();
   if (smem > optin)
     return mok_error(NULL, mokNotSupported, "grouped GEMM: needs %d bytes of shared memory per block, device has %d",
                      smem, optin);
-  auto kernel = grouped_gemm_kernel<KIND, BN>;
+  auto kernel = grouped_gemm_kernel<KIND, BN, TOK>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int64_t grid = max_tiles < sms ? max_tiles : sms;
   if (grid < 1) grid = 1;
@@ -289,46 +305,23 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
+  const uint32_t out_box = ts.token ? kTokUnit : 64; /* token tiles store 32-row boxes */
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
+  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, kTokUnit, "x"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = inter;
-  MOK_CHECK(make_map(&a.tm_out0, act, inter, rows->capacity, 64, "act"));
-  if (gu) MOK_CHECK(make_map(&a.tm_out1, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
+  MOK_CHECK(make_map(&a.tm_out0, act, inter, rows->capacity, out_box, "act"));
+  if (gu) MOK_CHECK(make_map(&a.tm_out1, gu, 2 * (uint64_t)inter, rows->capacity, out_box, "gu"));
   else a.tm_out1 = a.tm_out0;
   a.tm_aux = a.tm_out0;
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
+  if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
-}
-
-/* EXPERIMENT (exp/token-tiles): MOK_DIAG_TOKEN160=1 runs the down GEMM with 256 x 160
- * token tiles; valid only where every segment is a multiple of 160 and H of 256. */
-static mokResult_t down_fwd_token160(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
-                                     const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
-  constexpr int NT = 160;
-  TokArgs a;
-  memset(&a, 0, sizeof a);
-  const uint64_t E = (uint64_t)rows->num_experts;
-  MOK_CHECK(make_map(&a.tm_w, w_down, inter, E * hidden, 256, "w_down"));
-  MOK_CHECK(make_map(&a.tm_act, act, inter, rows->capacity, 32, "act"));
-  MOK_CHECK(make_map(&a.tm_y, y, hidden, rows->capacity, 32, "y"));
-  a.expert_offset = rows->expert_offset;
-  a.num_experts = rows->num_experts;
-  a.H = hidden;
-  a.I = inter;
-  int dev = 0, sms = 0;
-  CUDA_CHECK(NULL, cudaGetDevice(&dev));
-  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  auto kernel = tok_down_kernel<NT>;
-  const int smem = TokCfg<NT>::kSmem;
-  CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  kernel<<<sms, kThreads, smem, stream>>>(a);
-  CUDA_CHECK(NULL, cudaGetLastError());
-  return mokSuccess;
 }
 
 extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
@@ -338,21 +331,21 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(check_ptr(fn, "act", act));
   MOK_CHECK(check_ptr(fn, "w_down", w_down));
   MOK_CHECK(check_ptr(fn, "y", y));
-  if (getenv("MOK_DIAG_TOKEN160") && hidden % 256 == 0)
-    return down_fwd_token160(rows, hidden, inter, act, w_down, y, stream);
   mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(mokGemmDownFwd, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
   MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
-  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.bn, "w_down"));
+  MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, kTokUnit, "act"));
+  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
   a.n_out = hidden;
   a.k_len = inter;
   a.b_rows = hidden;
-  MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, 64, "y"));
+  MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, ts.token ? kTokUnit : 64, "y"));
   a.tm_out1 = a.tm_aux = a.tm_out0;
+  if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 

@@ -74,6 +74,9 @@ typedef enum mokGemmKind {
  * for gate+up the tile holds BN/2 gate and BN/2 up columns) minimising the padded
  * output width, ties to the wider tile; stages = as many as fit in shared memory. */
 typedef struct mokGemmTileShape {
+  int token;      /* 1: token tiles (forward gate+up when I % 128 == 0, down when H % 256 == 0):
+                     bm = 256 weight rows, bn = 160 = the most rows of a tile (rows are cut
+                     per expert into 64 / 96 / 128 / 160-row tiles), out_cols = 128 / 256 */
   int bm, bn, bk, stages;
   int out_cols;   /* output columns of one tile (bn, or bn/2 for gate+up) */
   int smem_bytes; /* dynamic shared memory per CTA for num_experts = MOK_GEMM_MAX_EXPERTS */

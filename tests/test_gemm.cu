@@ -25,16 +25,19 @@
 /* ---- CPU: tile rule and validation -------------------------------------------------- */
 MOK_TEST(gemm_tile_rule) {
   mokGemmTileShape_t s;
+  /* forward gate+up and down: token tiles where the weight side divides into whole tiles */
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 7168, 2048, &s));
-  CHECK(s.bn == 256 && s.out_cols == 128 && s.bm == 128 && s.bk == 64 && s.stages == 4);
-  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2880, 2880, &s));
-  CHECK(s.bn == 256 && s.out_cols == 128); /* 2944 padded columns: 2.2% over 2880, within 3% */
-  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2048, 704, &s));
-  CHECK(s.bn == 128 && s.out_cols == 64); /* 704: 768 for 128 columns (9% over) */
-  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 2880, 2880, &s));
-  CHECK(s.bn == 192 && s.stages == 4); /* 2880 = 15 x 192; 256 would pad 6.7% */
+  CHECK(s.token == 1 && s.bm == 256 && s.bn == 160 && s.out_cols == 128 && s.bk == 64 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 7168, 2048, &s));
-  CHECK(s.bn == 256 && s.stages == 4);
+  CHECK(s.token == 1 && s.bm == 256 && s.out_cols == 256 && s.stages == 4);
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2880, 2880, &s)); /* I = 2880: 22.5 x 128 */
+  CHECK(s.token == 0 && s.bm == 128 && s.bn == 256 && s.out_cols == 128); /* 2944 padded: 2.2%, within 3% */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2048, 704, &s));
+  CHECK(s.token == 0 && s.bn == 128 && s.out_cols == 64); /* 704: 768 for 128 columns (9% over) */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 2880, 2880, &s));
+  CHECK(s.token == 0 && s.bn == 192 && s.stages == 4); /* 2880 = 15 x 192; 256 would pad 6.7% */
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 2112, 2048, &s)); /* 2112 = 11 x 192: classic */
+  CHECK(s.token == 0 && s.bn == 192);
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownDgrad, 2048, 768, &s));
   CHECK(s.bn == 128 && s.stages == 5); /* always 128: its g and u are staged beside the ring */
   CHECK_OK(mok_gemm_tile_shape(mokGemmWgradDown, 4096, 320, &s));
@@ -44,7 +47,7 @@ MOK_TEST(gemm_tile_rule) {
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpDgrad, 2048, 768, &s));
   CHECK(s.bn == 256 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 64, 64, &s));
-  CHECK(s.out_cols == 64 && s.bn == 128 && s.stages == 6);
+  CHECK(s.token == 0 && s.out_cols == 64 && s.bn == 128 && s.stages == 6);
   CHECK(s.smem_bytes <= 227 * 1024);
   for (int k = 0; k < mokGemmNumKinds; ++k) /* every plan fits, at every width the rule picks */
     for (int n = 64; n <= 4096; n += 64) {
@@ -93,9 +96,10 @@ MOK_TEST(gemm_validation) {
 /* ---- CPU: the tile schedule ---------------------------------------------------------
  * gemm_decode_tile walks a cursor over the segment offsets; here it runs on the host and
  * must list exactly the tiles of a brute-force enumeration (experts in order, n-block major,
- * m-block minor, 128-row m-blocks, the last one of a segment maybe 64 rows), in order, in a
- * persistent CTA's strided order, and in random order (the cursor restarts). */
-template <int KIND, int BN>
+ * m-block minor, 128-row m-blocks, the last one of a segment maybe 64 rows; or token tiles
+ * of 64-160 rows), in order, in a persistent CTA's strided order, and in random order (the
+ * cursor restarts). */
+template <int KIND, int BN, int TOK = 0>
 static int check_schedule(rng_t *r, char *why, size_t n) {
   using namespace mok_sm90;
   enum { kMaxE = 40, kMaxTiles = 8192 };
@@ -114,18 +118,34 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   a.n_out = 64 * (1 + (int)(rng_next(r) % 40));
   a.k_len = 64 * (1 + (int)(rng_next(r) % 8));
   a.m_w = 64 * (1 + (int)(rng_next(r) % 6));
-  const int oc = tile_out_cols<KIND, BN>(), n_tiles = (a.n_out + oc - 1) / oc;
+  const int oc = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>(), n_tiles = (a.n_out + oc - 1) / oc;
   static TileCoord want[kMaxTiles];
   int total = 0;
   for (int e = 0; e < E; ++e) {
-    const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : (off[e + 1] - off[e] + 127) / 128;
+    const int seg = off[e + 1] - off[e];
+    /* token tiles, brute force: ceil(units / 5) tiles of 32-row units, each taking
+     * ceil(units left / tiles left), so sizes differ by <= 32 rows, larger first */
+    int tok_n = 0, tok_off[64], tok_nt[64];
+    for (int u = seg / 32, left = u, i = 0, cnt = (u + 4) / 5; i < cnt; ++i) {
+      const int take = (left + (cnt - i) - 1) / (cnt - i);
+      tok_off[i] = 32 * (u - left);
+      tok_nt[i] = 32 * take;
+      left -= take;
+      tok_n = cnt;
+    }
+    for (int i = 0; i < tok_n; ++i)
+      if (tok_nt[i] < 64 || tok_nt[i] > 160 || (i && tok_nt[i] > tok_nt[i - 1]))
+        return snprintf(why, n, "token split of %d rows: tile %d has %d rows", seg, i, tok_nt[i]), 0;
+    const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : TOK ? tok_n : (seg + 127) / 128;
     for (int nb = 0; nb < n_tiles; ++nb)
       for (int mb = 0; mb < mt && total < kMaxTiles; ++mb) {
         TileCoord c;
         memset(&c, 0, sizeof c);
         c.expert = e;
         c.n0 = nb * oc;
-        if (KindTraits<KIND>::kWgrad) {
+        if (TOK) {
+          c.m0 = off[e] + tok_off[mb], c.m_end = c.m0 + tok_nt[mb], c.nt = tok_nt[mb], c.k_blocks = a.k_len / 64;
+        } else if (KindTraits<KIND>::kWgrad) {
           c.m0 = mb * 128, c.m_end = a.m_w, c.k0 = off[e], c.k_blocks = (off[e + 1] - off[e]) / 64;
         } else {
           c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
@@ -136,28 +156,28 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   if (total >= kMaxTiles) return 1; /* layout too big for the table: skip it */
   auto same = [](const TileCoord &x, const TileCoord &y) {
     return x.expert == y.expert && x.m0 == y.m0 && x.m_end == y.m_end && x.n0 == y.n0 && x.k0 == y.k0 &&
-           x.k_blocks == y.k_blocks;
+           x.k_blocks == y.k_blocks && x.nt == y.nt;
   };
   GemmCursor cu;
   TileCoord c;
   gemm_cursor_init(off, cu);
   for (int t = 0; t < total; ++t)
-    if (!gemm_decode_tile<KIND, BN>(a, cu, t, c) || !same(c, want[t]))
+    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "in order: tile %d of %d (E %d) decoded wrong", t, total, E), 0;
-  if (gemm_decode_tile<KIND, BN>(a, cu, total, c) || gemm_decode_tile<KIND, BN>(a, cu, total + 7, c))
+  if (gemm_decode_tile<KIND, BN, TOK>(a, cu, total, c) || gemm_decode_tile<KIND, BN, TOK>(a, cu, total + 7, c))
     return snprintf(why, n, "tile %d past the last (%d) decoded as a tile", total, total - 1), 0;
   const int grid = 1 + (int)(rng_next(r) % 132);
   for (int b = 0; b < grid; ++b) { /* a persistent CTA's order, fresh cursor */
     gemm_cursor_init(off, cu);
     int t = b;
-    for (; gemm_decode_tile<KIND, BN>(a, cu, t, c); t += grid)
+    for (; gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c); t += grid)
       if (t >= total || !same(c, want[t])) return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
     if (t < total) return snprintf(why, n, "CTA %d of %d stopped at tile %d of %d", b, grid, t, total), 0;
   }
   gemm_cursor_init(off, cu);
   for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor restarts when asked back */
     const int t = (int)(rng_next(r) % (uint64_t)total);
-    if (!gemm_decode_tile<KIND, BN>(a, cu, t, c) || !same(c, want[t]))
+    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
   }
   return 1;
@@ -171,6 +191,8 @@ MOK_TEST(gemm_schedule_decode_matches_enumeration) {
     CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 192>(&r, why, sizeof why)), "down fwd: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kDownDgrad, 128>(&r, why, sizeof why)), "down dgrad: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kWgradGateUp, 256>(&r, why, sizeof why)), "wgrad: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256, 1>(&r, why, sizeof why)), "gate+up token tiles: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 256, 1>(&r, why, sizeof why)), "down token tiles: %s", why);
     if (t->failed) break;
   }
 }
@@ -433,6 +455,20 @@ MOK_GPU_TEST(gemm_gpu_awkward_rows, 1) {
   static const int counts[5] = {0, 1, 130, 77, 64};
   gemm_case c = {5, 320, 192, counts, 0.0f, 0, 0};
   const char *err = run_case(&c, test_seed());
+  CHECK_MSG(err == NULL, "%s", err);
+}
+
+MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
+  /* forward gate+up (I = 256) and down (H = 512) on token tiles: segments of 0, 64, 192,
+   * 320, 448, 128 and 1024 rows -> tiles of 64, 96 + 96, 160 + 160, 160 + 160 + 128, 128,
+   * 7 x ~146; the backward kinds then read what they wrote */
+  static const int counts[7] = {0, 1, 130, 300, 420, 77, 1000};
+  gemm_case c = {7, 512, 256, counts, 0.0f, 24, 32};
+  mokGemmTileShape_t s1, s2;
+  CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 512, 256, &s1));
+  CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 512, 256, &s2));
+  CHECK_MSG(s1.token && s2.token, "the shape does not select token tiles");
+  const char *err = run_case(&c, test_seed() ^ 0x70c);
   CHECK_MSG(err == NULL, "%s", err);
 }
 

@@ -103,6 +103,7 @@ struct GemmTileArgs {
   CUtensorMap tm_out1; /* stores: gu (gate+up fwd) / dW_up */
   CUtensorMap tm_aux;  /* loads: gu (down dgrad), box 64 x 64 */
   CUtensorMap tm_a64;  /* row-grouped kinds: A with a 64-row box (tail tiles load only their rows) */
+  CUtensorMap tm_tok;  /* token tiles: the rows operand with a 32-row box */
   const int32_t *expert_offset; /* [E_l + 1] */
   int num_experts;
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
@@ -181,6 +182,7 @@ struct TileCoord {
   int n0;       /* first output column */
   int k0;       /* wgrad: first schedule row of the expert */
   int k_blocks; /* BK-wide steps of the reduction */
+  int nt;       /* token tiles: its rows (64, 96, 128 or 160); 0 for the 128-row tiles */
 };
 
 struct PipeState {
@@ -241,11 +243,32 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const int32_t *off, Ge
   cu.o1 = sched_ld(off + 1);
 }
 
-/* false: t is past the last tile. */
-template <int KIND, int BN>
+/* ---- token tiles (forward gate+up and down) -------------------------------------------
+ * The rows are the wgmma N side: a segment of seg rows (a multiple of 64) is cut into
+ * ceil(seg / 160) tiles of 32-row units, as even as can be (320 -> 160 + 160, 384 -> 3 x
+ * 128, 448 -> 160 + 160 + 128, 192 -> 96 + 96, 64 -> 64), so no tile is a 64-row
+ * remainder of a 128-row grid; the weights are the M side, 256 rows a tile (gate+up: 128
+ * outputs as [64 gate | 64 up] x 2; down: 256 outputs). */
+constexpr int kTokMax = 160;
+constexpr int kTokUnit = 32;
+__host__ __device__ __forceinline__ int tok_tiles(int seg) { return (seg / kTokUnit + 4) / 5; }
+/* tile i of a segment: first row off (from the segment start), nt rows */
+__host__ __device__ __forceinline__ void tok_tile(int seg, int i, int &off, int &nt) {
+  const int u = seg / kTokUnit, n = (u + 4) / 5, q = u / n, r = u - q * n;
+  off = kTokUnit * (i * q + (i < r ? i : r));
+  nt = kTokUnit * (q + (i < r ? 1 : 0));
+}
+template <int KIND>
+__host__ __device__ __forceinline__ int tok_out_cols() {
+  return KIND == kGateUpFwd ? 128 : 256;
+}
+
+/* false: t is past the last tile. TOK: token tiles (forward gate+up and down). */
+template <int KIND, int BN, int TOK = 0>
 __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
                                                           TileCoord &c) {
-  const int n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
+  const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
+  const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
   if (KindTraits<KIND>::kWgrad) {
     const int m_tiles = (a.m_w + kBM - 1) / kBM, per_e = m_tiles * n_tiles;
     const int e = t / per_e, r = t - e * per_e;
@@ -258,12 +281,13 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     c.n0 = nb * BN;
     c.k0 = o0;
     c.k_blocks = (o1 - o0) / kBK;
+    c.nt = 0;
     return true;
   }
   if (t < cu.first) gemm_cursor_init(a.expert_offset, cu);
   for (;;) {
     if (cu.e >= a.num_experts) return false;
-    const int tiles = (cu.o1 - cu.o0 + kBM - 1) / kBM * n_tiles;
+    const int tiles = (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
     if (t < cu.first + tiles) break;
     cu.first += tiles;
     if (++cu.e < a.num_experts) {
@@ -271,14 +295,23 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
       cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
     }
   }
-  const int r = t - cu.first, mt = (cu.o1 - cu.o0 + kBM - 1) / kBM;
-  const int nb = r / mt, mb = r - nb * mt;
+  const int seg = cu.o1 - cu.o0, mt = TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM;
+  const int r = t - cu.first, nb = r / mt, mb = r - nb * mt;
   c.expert = cu.e;
-  c.m0 = cu.o0 + mb * kBM;
-  c.m_end = cu.o1;
-  c.n0 = nb * tile_out_cols<KIND, BN>();
+  c.n0 = nb * out_cols;
   c.k0 = 0;
   c.k_blocks = a.k_len / kBK;
+  if (TOK) {
+    int off, nt;
+    tok_tile(seg, mb, off, nt);
+    c.m0 = cu.o0 + off;
+    c.m_end = c.m0 + nt;
+    c.nt = nt;
+  } else {
+    c.m0 = cu.o0 + mb * kBM;
+    c.m_end = cu.o1;
+    c.nt = 0;
+  }
   return true;
 }
 
@@ -448,6 +481,24 @@ __device__ __forceinline__ void aux_load(const GemmTileArgs &a, int row0, int n0
   }
 }
 
+/* Gate+up outputs of two adjacent elements from their g and u: pass 0: act =
+ * bf16(silu(g) * u) (clamped); 1: g, 2: u as saved context. With the clamp on, a value the
+ * clamp cuts is saved as +-inf, so the backward's mask is exactly this one (mok.h). */
+__device__ __forceinline__ uint32_t swiglu_pack(int pass, float L, float g0, float g1, float u0, float u1) {
+  if (pass == 1)
+    return L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
+  if (pass == 2)
+    return L > 0.f ? pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0, u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1)
+                   : pack_bf16x2(u0, u1);
+  if (L > 0.f) {
+    g0 = fminf(g0, L);
+    g1 = fminf(g1, L);
+    u0 = fminf(fmaxf(u0, -L), L);
+    u1 = fminf(fmaxf(u1, -L), L);
+  }
+  return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
+}
+
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
  * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
  * gate then the same 64 up columns). */
@@ -463,8 +514,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
     for (int cc = 0; cc < NC / 128; ++cc) {
       const int col = n0 + 64 * cc;
       if (col >= a.n_out) break;
-      /* pass 0: act; 1: g; 2: u (saved context). With the clamp on, a value the clamp
-       * cuts is saved as +-inf, so the backward's mask is exactly this one (mok.h). */
+      /* pass 0: act; 1: g; 2: u (saved context) */
 #pragma unroll
       for (int pass = 0; pass < 3; ++pass) {
         if (pass > 0 && !a.save_gu) break;
@@ -474,21 +524,8 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
             const int j = 16 * cc + jj;
-            float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-            float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
-            if (pass == 1) {
-              v[jj][h] = L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
-            } else if (pass == 2) {
-              v[jj][h] = L > 0.f ? pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0,
-                                               u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1)
-                                 : pack_bf16x2(u0, u1);
-            } else {
-              if (L > 0.f) {
-                g0 = fminf(g0, L); g1 = fminf(g1, L);
-                u0 = fminf(fmaxf(u0, -L), L); u1 = fminf(fmaxf(u1, -L), L);
-              }
-              v[jj][h] = pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
-            }
+            v[jj][h] = swiglu_pack(pass, L, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], acc[4 * (j + 8) + 2 * h],
+                                   acc[4 * (j + 8) + 2 * h + 1]);
           }
         const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
         stage_bf16(ch, v);
@@ -683,6 +720,184 @@ __device__ __forceinline__ void gemm_consumer_finish() {
   if ((threadIdx.x & 127) == 0) bulk_wait_group<0>();
 }
 
+/* ---- token tiles: produce, consume ----------------------------------------------------
+ * Shared memory: a ring of stages [256 weight rows x 64 (32 KB, K-major) | up to 160 rows
+ * x 64 (20 KB, K-major, 32-row TMA boxes)], then one 8 KB staging chunk per consumer
+ * warpgroup, then the barriers (same layout as TileConfig). Consumer warpgroup wg owns
+ * weight rows 128wg .. +128 as two m64 blocks (gate+up: 64 gate rows then the same
+ * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
+ * thread). Its epilogue writes [rows x 64 outputs] pieces through stmatrix.trans and
+ * stores them by TMA in 32-row boxes (the output maps of token launches have 32-row boxes). */
+template <int KIND>
+struct TokConfig {
+  static constexpr int kWBytes = 256 * 128;
+  static constexpr int kStageBytes = kWBytes + kTokMax * 128;
+  static constexpr int kEpiBytes = 2 * kStgBytes;
+  static constexpr int kBarBytes = 256;
+  static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
+  static constexpr int kStages = kFit > 6 ? 6 : kFit;
+  static constexpr int kEpiOffset = kStages * kStageBytes;
+  static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
+  static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
+  static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
+  static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
+  static_assert((2 * kStages + 2 + 8) * 8 + 16 <= kBarBytes, "barrier area too small");
+  static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
+};
+
+template <int KIND>
+__device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
+  using TC = TokConfig<KIND>;
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
+  uint64_t *empty = full + TC::kStages;
+  const uint32_t stage_tx = (uint32_t)(TC::kWBytes + c.nt * 128);
+  for (int kb = 0; kb < c.k_blocks; ++kb) {
+    if (!bar_wait(&empty[p.stage], p.phase ^ 1u, w, MOK_WAIT_GEMM_SLOT)) return false;
+    uint64_t *bar = &full[p.stage];
+    char *sw = smem + p.stage * TC::kStageBytes;
+    char *st = sw + TC::kWBytes;
+    mbarrier_arrive_expect_tx(bar, stage_tx);
+    const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
+    if (KIND == kGateUpFwd) {
+#pragma unroll
+      for (int ch = 0; ch < 2; ++ch) {
+        tma_load_2d(sw + ch * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * ch);
+        tma_load_2d(sw + (ch * 2 + 1) * kChunkBytes, &a.tm_b1, bar, kk, row + 64 * ch);
+      }
+    } else {
+      tma_load_2d(sw, &a.tm_b0, bar, kk, row); /* W_down rows n0 .. n0+256, one box */
+    }
+    for (int b = 0; b < c.nt / kTokUnit; ++b) tma_load_2d(st + b * kTokUnit * 128, &a.tm_tok, bar, kk, c.m0 + kTokUnit * b);
+    pipe_advance<TC::kStages>(p);
+  }
+  return true;
+}
+
+/* Writes rows [p0, p0 + 8*G) of the warpgroup's piece into `chunk` as [rows x 64 outputs]:
+ * v[jj][h] = packed (output row half h of the warp's 16, row group jj). */
+template <int G>
+__device__ __forceinline__ void stage_bf16_trans(uint32_t chunk, const uint32_t (&v)[8][2]) {
+  const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, s = lane >> 3;
+#pragma unroll
+  for (int jp = 0; jp < G / 2; ++jp) {
+    const int row = 8 * (2 * jp + (s >> 1)) + (lane & 7);
+    stmatrix_x4_trans(stg_addr(chunk, row, 2 * warp + (s & 1)), v[2 * jp][0], v[2 * jp][1], v[2 * jp + 1][0],
+                      v[2 * jp + 1][1]);
+  }
+}
+
+/* Stores the staged piece (rows `rows` of the map starting at row, 64 outputs at col). */
+__device__ __forceinline__ void tok_publish(int wg, const CUtensorMap *map, uint32_t chunk, int col, int row,
+                                            int rows) {
+  fence_proxy_async_shared();
+  wg_sync(wg);
+  if ((threadIdx.x & 127) == 0) {
+    tma_store_2d(map, chunk, col, row);
+    if (rows > kTokUnit) tma_store_2d(map, chunk + kTokUnit * 128, col, row + kTokUnit);
+    bulk_commit_group();
+  }
+}
+__device__ __forceinline__ void tok_acquire(int wg) {
+  if ((threadIdx.x & 127) == 0) bulk_wait_group_read<0>();
+  wg_sync(wg);
+}
+
+template <int KIND, int NT>
+__device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t chunk, int wg,
+                                             const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
+  const float L = a.limit;
+#pragma unroll
+  for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
+    const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
+    if (col >= a.n_out) break;
+    const float(&acc)[NT / 2] = i ? acc1 : acc0;
+#pragma unroll
+    for (int p0 = 0; p0 < NT; p0 += 64) {
+      constexpr int kLast = NT % 64 ? NT % 64 : 64;
+      const int rows = p0 + 64 <= NT ? 64 : kLast;
+#pragma unroll
+      for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
+        if (pass > 0 && !a.save_gu) break;
+        uint32_t v[8][2];
+#pragma unroll
+        for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = p0 / 8 + jj < NT / 8 ? p0 / 8 + jj : 0;
+            v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
+                                                        acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
+                                          : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+          }
+        tok_acquire(wg);
+        if (rows == 64) stage_bf16_trans<8>(chunk, v);
+        else stage_bf16_trans<4>(chunk, v);
+        tok_publish(wg, pass == 0 ? &a.tm_out0 : &a.tm_out1, chunk, pass == 2 ? a.n_out + col : col, c.m0 + p0, rows);
+      }
+    }
+  }
+}
+
+template <int KIND, int NT>
+__device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
+                                               WaitCtx &w, int wg, int k_blocks) {
+  using TC = TokConfig<KIND>;
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
+  uint64_t *empty = full + TC::kStages;
+  const bool leader = (threadIdx.x & 127) == 0;
+  float acc0[NT / 2], acc1[NT / 2];
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) acc0[i] = acc1[i] = 0.f;
+  int prev = 0;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
+    const uint32_t sw = smem_u32(smem + p.stage * TC::kStageBytes) + wg * 128 * 128;
+    const uint32_t st = smem_u32(smem + p.stage * TC::kStageBytes + TC::kWBytes);
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) {
+      reg_fence(acc0[i]);
+      reg_fence(acc1[i]);
+    }
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBK / 16; ++k16) {
+      const uint64_t db = wgmma_desc_sw128(st + k16 * 32, 16, 1024);
+      wgmma_bf16<NT, 0, 0>(acc0, wgmma_desc_sw128(sw + k16 * 32, 16, 1024), db, 1);
+      wgmma_bf16<NT, 0, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 32, 16, 1024), db, 1);
+    }
+    wgmma_commit_group();
+    wgmma_wait_group<1>();
+#pragma unroll
+    for (int i = 0; i < NT / 2; ++i) {
+      reg_fence(acc0[i]);
+      reg_fence(acc1[i]);
+    }
+    if (kb > 0) mbarrier_arrive_if(&empty[prev], leader);
+    prev = p.stage;
+    pipe_advance<TC::kStages>(p);
+  }
+  wgmma_wait_group<0>();
+#pragma unroll
+  for (int i = 0; i < NT / 2; ++i) {
+    reg_fence(acc0[i]);
+    reg_fence(acc1[i]);
+  }
+  if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
+  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * kStgBytes), wg, acc0, acc1);
+}
+
+/* One token tile, both consumer warpgroups (wg = 0, 1). */
+template <int KIND>
+__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
+                                 int wg) {
+  const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
+  switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
+    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, w, wg, k_blocks); break;
+    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, w, wg, k_blocks); break;
+    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, w, wg, k_blocks); break;
+    default: tok_consume_nt<KIND, 160>(a, c, smem, p, w, wg, k_blocks); break;
+  }
+}
+
 /* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
  * Tile schedule: CTA b runs tile b first; then either static round-robin (b + gridDim.x,
  * ...) or run-time tickets (gridDim.x + an atomic ticket from a.sched[0], taken by the
@@ -701,19 +916,31 @@ constexpr int kSchedSlots = 4;
  * cost (some segment ends in a 64-row tail tile); static round-robin for row-grouped
  * launches of equal tiles (measured 1-7% faster there). One warp, the same answer in
  * every CTA. */
-template <int KIND>
+template <int KIND, int TOK>
 __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   if (KindTraits<KIND>::kWgrad) return true;
   const int lane = threadIdx.x & 31;
+  const int32_t seg0 = __ldg(a.expert_offset + 1) - __ldg(a.expert_offset);
   bool uneven = false;
-  for (int e = lane; e < a.num_experts; e += 32)
-    uneven |= ((__ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) & 127) == 64;
+  for (int e = lane; e < a.num_experts; e += 32) {
+    const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
+    uneven |= TOK ? seg != seg0 : (seg & 127) == 64; /* token tiles: experts of different rows */
+  }
   return __any_sync(0xffffffffu, uneven);
 }
 
-template <int KIND, int BN>
+template <bool B, class T, class F>
+struct PickType {
+  using type = T;
+};
+template <class T, class F>
+struct PickType<false, T, F> {
+  using type = F;
+};
+
+template <int KIND, int BN, int TOK>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
-  using TC = TileConfig<KIND, BN>;
+  using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd ? kDownFwd : kGateUpFwd>, TileConfig<KIND, BN>>::type;
   extern __shared__ char smem_raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -745,12 +972,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x >= 32) return;
-    const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND>(a));
+    const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
-      tma_prefetch_descriptor(&a.tm_a64);
+      tma_prefetch_descriptor(TOK ? &a.tm_tok : &a.tm_a64);
       gemm_cursor_init(a.expert_offset, cu);
       for (int t = blockIdx.x;;) {
         w.tile = (uint32_t)sp.stage;
@@ -758,11 +985,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         stile[sp.stage] = t;
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read stile after their wait */
         pipe_advance<kSchedSlots>(sp);
-        if (!gemm_decode_tile<KIND, BN>(a, cu, t, c)) break;
+        if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c)) break;
         const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : t + (int)gridDim.x;
         w.tile = (uint32_t)t;
         if (t == a.stall_tile) break; /* tests: a load that never comes */
-        if (!gemm_tile_produce<KIND, BN>(a, c, smem, p, w)) break;
+        bool ok;
+        if constexpr (TOK != 0) ok = tok_tile_produce<KIND>(a, c, smem, p, w);
+        else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
+        if (!ok) break;
         t = next;
       }
       __threadfence(); /* this CTA's tickets come before its finish count */
@@ -785,9 +1015,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       mbarrier_arrive(&sempty[sp.stage]);
       pipe_advance<kSchedSlots>(sp);
       /* uniform loop exit for ptxas */
-      if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN>(a, cu, t, c), 0)) break;
+      if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c), 0)) break;
       w.tile = (uint32_t)t;
-      gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
+      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, w, wg - 1);
+      else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
     gemm_consumer_finish();
   }

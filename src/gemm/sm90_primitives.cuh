@@ -280,6 +280,20 @@ __device__ __forceinline__ void wgmma_m64n256k16_bf16(float (&d)[128], uint64_t 
 
 /* N-generic front end over the four shapes above. */
 template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n96k16_bf16(float (&d)[48], uint64_t desc_a, uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %50, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n96k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15, %16, %17, %18, %19, %20, %21, %22, %23, %24, %25, %26, %27, %28, %29, %30, %31, %32, %33, %34, %35, %36, %37, %38, %39, %40, %41, %42, %43, %44, %45, %46, %47}, "
+      "%48, %49, p, 1, 1, %51, %52;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]), "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15]), "+f"(d[16]), "+f"(d[17]), "+f"(d[18]), "+f"(d[19]), "+f"(d[20]), "+f"(d[21]), "+f"(d[22]), "+f"(d[23]), "+f"(d[24]), "+f"(d[25]), "+f"(d[26]), "+f"(d[27]), "+f"(d[28]), "+f"(d[29]), "+f"(d[30]), "+f"(d[31]), "+f"(d[32]), "+f"(d[33]), "+f"(d[34]), "+f"(d[35]), "+f"(d[36]), "+f"(d[37]), "+f"(d[38]), "+f"(d[39]), "+f"(d[40]), "+f"(d[41]), "+f"(d[42]), "+f"(d[43]), "+f"(d[44]), "+f"(d[45]), "+f"(d[46]), "+f"(d[47])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
+template <int TA, int TB>
 __device__ __forceinline__ void wgmma_m64n160k16_bf16(float (&d)[80], uint64_t desc_a, uint64_t desc_b,
                                                       int scale_d) {
   asm volatile(
@@ -295,8 +309,10 @@ __device__ __forceinline__ void wgmma_m64n160k16_bf16(float (&d)[80], uint64_t d
 }
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 64 || N == 128 || N == 160 || N == 192 || N == 256, "wgmma_bf16: N must be 64, 128, 160, 192 or 256");
+  static_assert(N == 64 || N == 96 || N == 128 || N == 160 || N == 192 || N == 256,
+                "wgmma_bf16: N must be 64, 96, 128, 160, 192 or 256");
   if constexpr (N == 64) wgmma_m64n64k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 96) wgmma_m64n96k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 128) wgmma_m64n128k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 160) wgmma_m64n160k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 192) wgmma_m64n192k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
