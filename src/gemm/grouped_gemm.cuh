@@ -726,8 +726,8 @@ __device__ __forceinline__ void gemm_consumer_finish() {
  * warpgroup, then the barriers (same layout as TileConfig). Consumer warpgroup wg owns
  * weight rows 128wg .. +128 as two m64 blocks (gate+up: 64 gate rows then the same
  * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
- * thread). Its epilogue writes [rows x 64 outputs] pieces through stmatrix.trans and
- * stores them by TMA in 32-row boxes (the output maps of token launches have 32-row boxes). */
+ * thread). Its epilogue writes [32 rows x 64 outputs] pieces through stmatrix.trans and
+ * stores each by TMA (the output maps of token launches have 32-row boxes). */
 template <int KIND>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
@@ -773,65 +773,58 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
   return true;
 }
 
-/* Writes rows [p0, p0 + 8*G) of the warpgroup's piece into `chunk` as [rows x 64 outputs]:
- * v[jj][h] = packed (output row half h of the warp's 16, row group jj). */
-template <int G>
-__device__ __forceinline__ void stage_bf16_trans(uint32_t chunk, const uint32_t (&v)[8][2]) {
+/* The epilogue works in 32-row pieces: each consumer warpgroup's 8 KB staging chunk is
+ * two 4 KB halves used in turn (a half is rewritten once the store two pieces back has
+ * read it), so staging a piece overlaps the store of the one before. */
+/* Writes 32 rows x 64 outputs into a staging half as [rows x 64 outputs]: v[jj][h] =
+ * packed (output row half h of the warp's 16 rows, row group jj of 8 rows). */
+__device__ __forceinline__ void stage_bf16_trans32(uint32_t half, const uint32_t (&v)[4][2]) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, s = lane >> 3;
 #pragma unroll
-  for (int jp = 0; jp < G / 2; ++jp) {
+  for (int jp = 0; jp < 2; ++jp) {
     const int row = 8 * (2 * jp + (s >> 1)) + (lane & 7);
-    stmatrix_x4_trans(stg_addr(chunk, row, 2 * warp + (s & 1)), v[2 * jp][0], v[2 * jp][1], v[2 * jp + 1][0],
+    stmatrix_x4_trans(stg_addr(half, row, 2 * warp + (s & 1)), v[2 * jp][0], v[2 * jp][1], v[2 * jp + 1][0],
                       v[2 * jp + 1][1]);
   }
 }
 
-/* Stores the staged piece (rows `rows` of the map starting at row, 64 outputs at col). */
-__device__ __forceinline__ void tok_publish(int wg, const CUtensorMap *map, uint32_t chunk, int col, int row,
-                                            int rows) {
-  fence_proxy_async_shared();
-  wg_sync(wg);
-  if ((threadIdx.x & 127) == 0) {
-    tma_store_2d(map, chunk, col, row);
-    if (rows > kTokUnit) tma_store_2d(map, chunk + kTokUnit * 128, col, row + kTokUnit);
-    bulk_commit_group();
-  }
-}
-__device__ __forceinline__ void tok_acquire(int wg) {
-  if ((threadIdx.x & 127) == 0) bulk_wait_group_read<0>();
-  wg_sync(wg);
-}
-
 template <int KIND, int NT>
-__device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t chunk, int wg,
-                                             const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
+__device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t chunk, EpiState &st,
+                                             int wg, const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
   const float L = a.limit;
+  const bool leader = (threadIdx.x & 127) == 0;
 #pragma unroll
   for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
     const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
     if (col >= a.n_out) break;
     const float(&acc)[NT / 2] = i ? acc1 : acc0;
 #pragma unroll
-    for (int p0 = 0; p0 < NT; p0 += 64) {
-      constexpr int kLast = NT % 64 ? NT % 64 : 64;
-      const int rows = p0 + 64 <= NT ? 64 : kLast;
+    for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
+      if (pass > 0 && !a.save_gu) break;
 #pragma unroll
-      for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
-        if (pass > 0 && !a.save_gu) break;
-        uint32_t v[8][2];
+      for (int q = 0; q < NT / kTokUnit; ++q) { /* rows 32q .. 32q + 31 of the tile */
+        uint32_t v[4][2];
 #pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
+        for (int jj = 0; jj < 4; ++jj)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int j = p0 / 8 + jj < NT / 8 ? p0 / 8 + jj : 0;
+            const int j = 4 * q + jj;
             v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
                                                         acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
                                           : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
           }
-        tok_acquire(wg);
-        if (rows == 64) stage_bf16_trans<8>(chunk, v);
-        else stage_bf16_trans<4>(chunk, v);
-        tok_publish(wg, pass == 0 ? &a.tm_out0 : &a.tm_out1, chunk, pass == 2 ? a.n_out + col : col, c.m0 + p0, rows);
+        const uint32_t half = chunk + st.buf * (kStgBytes / 2);
+        if (leader) bulk_wait_group_read<1>();
+        wg_sync(wg);
+        stage_bf16_trans32(half, v);
+        fence_proxy_async_shared();
+        wg_sync(wg);
+        if (leader) {
+          tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, half, pass == 2 ? a.n_out + col : col,
+                       c.m0 + kTokUnit * q);
+          bulk_commit_group();
+        }
+        st.buf ^= 1;
       }
     }
   }
@@ -839,7 +832,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
 
 template <int KIND, int NT>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
-                                               WaitCtx &w, int wg, int k_blocks) {
+                                               EpiState &st, WaitCtx &w, int wg, int k_blocks) {
   using TC = TokConfig<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
@@ -882,19 +875,19 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     reg_fence(acc1[i]);
   }
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
-  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * kStgBytes), wg, acc0, acc1);
+  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * kStgBytes), st, wg, acc0, acc1);
 }
 
 /* One token tile, both consumer warpgroups (wg = 0, 1). */
 template <int KIND>
-__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
-                                 int wg) {
+__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, EpiState &st,
+                                 WaitCtx &w, int wg) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, w, wg, k_blocks); break;
-    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, w, wg, k_blocks); break;
-    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, w, wg, k_blocks); break;
-    default: tok_consume_nt<KIND, 160>(a, c, smem, p, w, wg, k_blocks); break;
+    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, st, w, wg, k_blocks); break;
+    default: tok_consume_nt<KIND, 160>(a, c, smem, p, st, w, wg, k_blocks); break;
   }
 }
 
@@ -1017,7 +1010,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       /* uniform loop exit for ptxas */
       if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c), 0)) break;
       w.tile = (uint32_t)t;
-      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, w, wg - 1);
+      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, st, w, wg - 1);
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
     gemm_consumer_finish();
