@@ -8,9 +8,10 @@
  * CTAs can run exactly this code for any tile index in a fixed task order:
  *
  *   GemmCursor: a walk over the experts' segment offsets (read from global memory),
- *               advanced by gemm_decode_tile, which maps a tile index to a TileCoord
- *               and returns false past the last tile. Cheapest for increasing indices
- *               (a persistent CTA's order); any index works.
+ *               moved by gemm_decode_tile, which maps a tile index to a TileCoord and
+ *               returns false past the last tile. It steps forward or back one expert
+ *               at a time, so indices that move steadily either way are cheapest; any
+ *               index works.
  *   gemm_tile_produce<KIND, BN>(args, coord, smem, pipe, wait)  one thread of the producer WG
  *   gemm_tile_consume<KIND, BN>(args, coord, smem, pipe, epi, wait, wg) both consumer WGs
  *   gemm_consumer_finish(): before a consumer warpgroup exits (drains its stores)
@@ -80,14 +81,14 @@ struct TileConfig {
   static constexpr int kStageBytes = kABytes + kBBytes; /* a multiple of 1024 */
   static constexpr int kEpiChunks = KIND == kDownDgrad ? 4 : 2; /* per consumer warpgroup */
   static constexpr int kEpiBytes = 2 * kEpiChunks * kStgBytes;
-  static constexpr int kBarBytes = 256; /* full[S] empty[S] aux[2] sfull[4] sempty[4] tile[4] */
+  static constexpr int kBarBytes = 512; /* full[S] empty[S] aux[2] sfull[4] sempty[4] slot[4] */
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
   static constexpr int kEpiOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
   static_assert(kStages >= 3, "too few pipeline stages");
-  static_assert((2 * kStages + 2 + 8) * 8 + 16 <= kBarBytes, "barrier area too small");
+  static_assert((2 * kStages + 2 + 8) * 8 + 4 * 32 + 32 <= kBarBytes, "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
   static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
   static_assert(KIND != kGateUpFwd || BN != 192, "gate+up stores whole 64-column chunks of act, g and u");
@@ -269,7 +270,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
                                                           TileCoord &c) {
   const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
-  if (KindTraits<KIND>::kWgrad) {
+  if constexpr (KindTraits<KIND>::kWgrad) {
     const int m_tiles = (a.m_w + kBM - 1) / kBM, per_e = m_tiles * n_tiles;
     const int e = t / per_e, r = t - e * per_e;
     if (e >= a.num_experts) return false;
@@ -283,36 +284,44 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     c.k_blocks = (o1 - o0) / kBK;
     c.nt = 0;
     return true;
-  }
-  if (t < cu.first) gemm_cursor_init(a.expert_offset, cu);
-  for (;;) {
-    if (cu.e >= a.num_experts) return false;
-    const int tiles = (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
-    if (t < cu.first + tiles) break;
-    cu.first += tiles;
-    if (++cu.e < a.num_experts) {
-      cu.o0 = cu.o1;
-      cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
-    }
-  }
-  const int seg = cu.o1 - cu.o0, mt = TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM;
-  const int r = t - cu.first, nb = r / mt, mb = r - nb * mt;
-  c.expert = cu.e;
-  c.n0 = nb * out_cols;
-  c.k0 = 0;
-  c.k_blocks = a.k_len / kBK;
-  if (TOK) {
-    int off, nt;
-    tok_tile(seg, mb, off, nt);
-    c.m0 = cu.o0 + off;
-    c.m_end = c.m0 + nt;
-    c.nt = nt;
   } else {
-    c.m0 = cu.o0 + mb * kBM;
-    c.m_end = cu.o1;
-    c.nt = 0;
+    while (t < cu.first) { /* step back one expert (a cursor past the end keeps the last one's bounds) */
+      if (cu.e < a.num_experts) {
+        cu.o1 = cu.o0;
+        cu.o0 = sched_ld(a.expert_offset + cu.e - 1);
+      }
+      --cu.e;
+      cu.first -= (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
+    }
+    for (;;) {
+      if (cu.e >= a.num_experts) return false;
+      const int tiles = (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
+      if (t < cu.first + tiles) break;
+      cu.first += tiles;
+      if (++cu.e < a.num_experts) {
+        cu.o0 = cu.o1;
+        cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
+      }
+    }
+    const int seg = cu.o1 - cu.o0, mt = TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM;
+    const int r = t - cu.first, nb = r / mt, mb = r - nb * mt;
+    c.expert = cu.e;
+    c.n0 = nb * out_cols;
+    c.k0 = 0;
+    c.k_blocks = a.k_len / kBK;
+    if (TOK) {
+      int off, nt;
+      tok_tile(seg, mb, off, nt);
+      c.m0 = cu.o0 + off;
+      c.m_end = c.m0 + nt;
+      c.nt = nt;
+    } else {
+      c.m0 = cu.o0 + mb * kBM;
+      c.m_end = cu.o1;
+      c.nt = 0;
+    }
+    return true;
   }
-  return true;
 }
 
 /* ---- producer: one thread issues every TMA load of the tile ----------------------- */
@@ -733,7 +742,7 @@ struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
   static constexpr int kStageBytes = kWBytes + kTokMax * 128;
   static constexpr int kEpiBytes = 2 * kStgBytes;
-  static constexpr int kBarBytes = 256;
+  static constexpr int kBarBytes = 512;
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
   static constexpr int kEpiOffset = kStages * kStageBytes;
@@ -741,7 +750,7 @@ struct TokConfig {
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
-  static_assert((2 * kStages + 2 + 8) * 8 + 16 <= kBarBytes, "barrier area too small");
+  static_assert((2 * kStages + 2 + 8) * 8 + 4 * 32 + 32 <= kBarBytes, "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
 
@@ -892,9 +901,10 @@ __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char
 }
 
 /* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
- * Tile schedule: CTA b runs tile b first; then either static round-robin (b + gridDim.x,
- * ...) or run-time tickets (gridDim.x + an atomic ticket from a.sched[0], taken by the
- * producer thread one tile ahead), by use_tickets below. Tiles that differ in cost
+ * Tile schedule: either static round-robin (CTA b runs tiles b, b + gridDim.x, ...) or
+ * run-time tickets (CTA b's first ticket is b, its next ones gridDim.x + an atomic ticket
+ * from a.sched[0], taken by the producer thread one tile ahead; ticket_tile maps tickets
+ * to tiles from both ends of the order), by use_tickets below. Tiles that differ in cost
  * (64-row tail tiles, short weight-gradient tiles) leave SMs idle under round-robin (with
  * 3 m-blocks per expert and 132 SMs a third of the CTAs got every tail tile). Which CTA
  * runs a tile changes nothing in its result (each output is written by one tile, reduced
@@ -922,6 +932,45 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   return __any_sync(0xffffffffu, uneven);
 }
 
+/* Decodes with the front or the back cursor (two named cursors, not an indexed array:
+ * that would live in local memory). */
+template <int KIND, int BN, int TOK>
+__device__ __forceinline__ bool decode_code(const GemmTileArgs &a, GemmCursor &front, GemmCursor &back, int code,
+                                            TileCoord &c);
+
+/* All tiles of the launch (one warp; the same answer on every lane). */
+template <int KIND, int BN, int TOK>
+__device__ __forceinline__ int gemm_total_tiles(const GemmTileArgs &a) {
+  const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
+  const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
+  if (KindTraits<KIND>::kWgrad) return a.num_experts * ((a.m_w + kBM - 1) / kBM) * n_tiles;
+  int sum = 0;
+  for (int e = threadIdx.x & 31; e < a.num_experts; e += 32) {
+    const int seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
+    sum += (TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM) * n_tiles;
+  }
+#pragma unroll
+  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+  return sum;
+}
+
+/* Ticket k -> the tile it runs, tagged with the cursor to decode it (kBackTag: the back
+ * one). Tickets alternate between the front and the back of the tile order, so that while
+ * the CTAs on the front work through the most-loaded experts (as the layouts put them
+ * first), the others stream the weights of the least-loaded ones: compute-bound and
+ * memory-bound tiles overlap instead of the memory-bound ones coming last. */
+constexpr int kBackTag = 1 << 30;
+__host__ __device__ __forceinline__ int ticket_tile(int k, int total) {
+  if (k >= total) return total;
+  return (k & 1) ? (total - 1 - (k >> 1)) | kBackTag : k >> 1;
+}
+template <int KIND, int BN, int TOK>
+__device__ __forceinline__ bool decode_code(const GemmTileArgs &a, GemmCursor &front, GemmCursor &back, int code,
+                                            TileCoord &c) {
+  if (code >= kBackTag) return gemm_decode_tile<KIND, BN, TOK>(a, back, code - kBackTag, c);
+  return gemm_decode_tile<KIND, BN, TOK>(a, front, code, c);
+}
+
 template <bool B, class T, class F>
 struct PickType {
   using type = T;
@@ -940,7 +989,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t *empty = full + TC::kStages;
   uint64_t *sfull = empty + TC::kStages + 2; /* after aux[2] */
   uint64_t *sempty = sfull + kSchedSlots;
-  volatile int *stile = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
+  /* slot s: the decoded tile [tile index (-1: no more), expert, m0, m_end, n0, k0,
+   * k_blocks, nt], so the consumers keep no cursor */
+  volatile int *slot = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
 
   if (threadIdx.x == 0) {
     for (int s = 0; s < TC::kStages; ++s) {
@@ -959,34 +1010,44 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
   PipeState p = {0, 0u}, sp = {0, 0u};
-  GemmCursor cu;
   TileCoord c;
   WaitCtx w = wait_ctx(a);
   if (wg == 0) {
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x >= 32) return;
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
+    const int total = tickets ? gemm_total_tiles<KIND, BN, TOK>(a) : 0;
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
       tma_prefetch_descriptor(TOK ? &a.tm_tok : &a.tm_a64);
-      gemm_cursor_init(a.expert_offset, cu);
-      for (int t = blockIdx.x;;) {
+      /* the two cursors live in shared memory (after the slots): the producer runs on 40
+       * registers */
+      GemmCursor &cf = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots));
+      GemmCursor &cb = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots + 4));
+      gemm_cursor_init(a.expert_offset, cf);
+      gemm_cursor_init(a.expert_offset, cb);
+      for (int k = blockIdx.x;;) {
+        const int code = tickets ? ticket_tile(k, total) : k;
+        const int t = code & (kBackTag - 1);
+        const bool more = decode_code<KIND, BN, TOK>(a, cf, cb, code, c);
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
-        stile[sp.stage] = t;
-        mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read stile after their wait */
+        volatile int *o = slot + 8 * sp.stage;
+        o[0] = more ? t : -1;
+        o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = c.k0, o[6] = c.k_blocks, o[7] = c.nt;
+        mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
-        if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c)) break;
-        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : t + (int)gridDim.x;
+        if (!more) break;
+        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : k + (int)gridDim.x;
         w.tile = (uint32_t)t;
         if (t == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
         if constexpr (TOK != 0) ok = tok_tile_produce<KIND>(a, c, smem, p, w);
         else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         if (!ok) break;
-        t = next;
+        k = next;
       }
       __threadfence(); /* this CTA's tickets come before its finish count */
       if (atomicAdd(&a.sched[1], 1) == (int)gridDim.x - 1) { /* every CTA took its last ticket */
@@ -997,18 +1058,18 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     EpiState st = {0, 0u};
-    gemm_cursor_init(a.expert_offset, cu);
     for (;;) {
       w.tile = (uint32_t)sp.stage;
       const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
       /* the warpgroup leaves together (its named barrier) when any of its threads failed */
       const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
       if (stop) break;
-      const int t = stile[sp.stage];
+      const volatile int *o = slot + 8 * sp.stage;
+      const int t = o[0];
+      c.expert = o[1], c.m0 = o[2], c.m_end = o[3], c.n0 = o[4], c.k0 = o[5], c.k_blocks = o[6], c.nt = o[7];
       mbarrier_arrive(&sempty[sp.stage]);
       pipe_advance<kSchedSlots>(sp);
-      /* uniform loop exit for ptxas */
-      if (!__shfl_sync(0xffffffffu, (int)gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c), 0)) break;
+      if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */
       w.tile = (uint32_t)t;
       if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, st, w, wg - 1);
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
