@@ -178,15 +178,6 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   for (int t = total - 1; t >= 0; --t) /* backwards: the cursor steps back one expert at a time */
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "backwards: tile %d of %d wrong", t, total), 0;
-  for (int k = 0, t; k < total + 3; ++k) { /* tickets from both ends, one cursor per end */
-    static GemmCursor ends[2];
-    if (k == 0) gemm_cursor_init(off, ends[0]), gemm_cursor_init(off, ends[1]);
-    const int code = ticket_tile(k, total), back = code >= kBackTag;
-    t = code & (kBackTag - 1);
-    const bool got = gemm_decode_tile<KIND, BN, TOK>(a, ends[back], t, c);
-    if (k >= total ? got : (!got || !same(c, want[t])))
-      return snprintf(why, n, "ticket %d of %d (tile %d) decoded wrong", k, total, t), 0;
-  }
   gemm_cursor_init(off, cu);
   for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor walks either way */
     const int t = (int)(rng_next(r) % (uint64_t)total);
@@ -194,24 +185,6 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
       return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
   }
   return 1;
-}
-
-MOK_TEST(gemm_ticket_order_covers_every_tile_once) {
-  /* tickets alternate between the front and the back of the tile order: a bijection on
-   * [0, total), then "past the end" */
-  static unsigned char seen[1000];
-  for (int total = 0; total < 1000; total += 1 + total / 7) {
-    memset(seen, 0, sizeof seen);
-    for (int k = 0; k < total; ++k) {
-      const int code = mok_sm90::ticket_tile(k, total), tile = code & (mok_sm90::kBackTag - 1);
-      CHECK_MSG(tile >= 0 && tile < total && !seen[tile], "total %d: ticket %d -> tile %d (repeated or out of range)",
-                total, k, tile);
-      CHECK_MSG((code >= mok_sm90::kBackTag) == (k & 1), "total %d: ticket %d on the wrong end", total, k);
-      seen[tile] = 1;
-    }
-    CHECK(mok_sm90::ticket_tile(total, total) == total && mok_sm90::ticket_tile(total + 5, total) == total);
-    if (t->failed) break;
-  }
 }
 
 MOK_TEST(gemm_schedule_decode_matches_enumeration) {

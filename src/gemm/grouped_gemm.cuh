@@ -902,9 +902,10 @@ __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char
 
 /* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
  * Tile schedule: either static round-robin (CTA b runs tiles b, b + gridDim.x, ...) or
- * run-time tickets (CTA b's first ticket is b, its next ones gridDim.x + an atomic ticket
- * from a.sched[0], taken by the producer thread one tile ahead; ticket_tile maps tickets
- * to tiles from both ends of the order), by use_tickets below. Tiles that differ in cost
+ * run-time tickets (CTA b runs tile b, then gridDim.x + an atomic ticket from a.sched[0],
+ * taken by the producer thread one tile ahead), by use_tickets below. (Tickets taken from
+ * both ends of the tile order, to overlap the least-loaded experts' weight streaming with
+ * the most-loaded ones' compute, measured slower under Zipf routing: docs/PERF.md.) Tiles that differ in cost
  * (64-row tail tiles, short weight-gradient tiles) leave SMs idle under round-robin (with
  * 3 m-blocks per expert and 132 SMs a third of the CTAs got every tail tile). Which CTA
  * runs a tile changes nothing in its result (each output is written by one tile, reduced
@@ -930,45 +931,6 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
     uneven |= TOK ? seg != seg0 : (seg & 127) == 64; /* token tiles: experts of different rows */
   }
   return __any_sync(0xffffffffu, uneven);
-}
-
-/* Decodes with the front or the back cursor (two named cursors, not an indexed array:
- * that would live in local memory). */
-template <int KIND, int BN, int TOK>
-__device__ __forceinline__ bool decode_code(const GemmTileArgs &a, GemmCursor &front, GemmCursor &back, int code,
-                                            TileCoord &c);
-
-/* All tiles of the launch (one warp; the same answer on every lane). */
-template <int KIND, int BN, int TOK>
-__device__ __forceinline__ int gemm_total_tiles(const GemmTileArgs &a) {
-  const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
-  const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
-  if (KindTraits<KIND>::kWgrad) return a.num_experts * ((a.m_w + kBM - 1) / kBM) * n_tiles;
-  int sum = 0;
-  for (int e = threadIdx.x & 31; e < a.num_experts; e += 32) {
-    const int seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
-    sum += (TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM) * n_tiles;
-  }
-#pragma unroll
-  for (int o = 16; o > 0; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
-  return sum;
-}
-
-/* Ticket k -> the tile it runs, tagged with the cursor to decode it (kBackTag: the back
- * one). Tickets alternate between the front and the back of the tile order, so that while
- * the CTAs on the front work through the most-loaded experts (as the layouts put them
- * first), the others stream the weights of the least-loaded ones: compute-bound and
- * memory-bound tiles overlap instead of the memory-bound ones coming last. */
-constexpr int kBackTag = 1 << 30;
-__host__ __device__ __forceinline__ int ticket_tile(int k, int total) {
-  if (k >= total) return total;
-  return (k & 1) ? (total - 1 - (k >> 1)) | kBackTag : k >> 1;
-}
-template <int KIND, int BN, int TOK>
-__device__ __forceinline__ bool decode_code(const GemmTileArgs &a, GemmCursor &front, GemmCursor &back, int code,
-                                            TileCoord &c) {
-  if (code >= kBackTag) return gemm_decode_tile<KIND, BN, TOK>(a, back, code - kBackTag, c);
-  return gemm_decode_tile<KIND, BN, TOK>(a, front, code, c);
 }
 
 template <bool B, class T, class F>
@@ -1016,22 +978,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x >= 32) return;
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
-    const int total = tickets ? gemm_total_tiles<KIND, BN, TOK>(a) : 0;
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
       tma_prefetch_descriptor(TOK ? &a.tm_tok : &a.tm_a64);
-      /* the two cursors live in shared memory (after the slots): the producer runs on 40
+      /* the cursor lives in shared memory (after the slots): the producer runs on 40
        * registers */
-      GemmCursor &cf = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots));
-      GemmCursor &cb = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots + 4));
-      gemm_cursor_init(a.expert_offset, cf);
-      gemm_cursor_init(a.expert_offset, cb);
-      for (int k = blockIdx.x;;) {
-        const int code = tickets ? ticket_tile(k, total) : k;
-        const int t = code & (kBackTag - 1);
-        const bool more = decode_code<KIND, BN, TOK>(a, cf, cb, code, c);
+      GemmCursor &cu = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots));
+      gemm_cursor_init(a.expert_offset, cu);
+      for (int t = blockIdx.x;;) {
+        const bool more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c);
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
         volatile int *o = slot + 8 * sp.stage;
@@ -1040,14 +997,14 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
-        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : k + (int)gridDim.x;
+        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : t + (int)gridDim.x;
         w.tile = (uint32_t)t;
         if (t == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
         if constexpr (TOK != 0) ok = tok_tile_produce<KIND>(a, c, smem, p, w);
         else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         if (!ok) break;
-        k = next;
+        t = next;
       }
       __threadfence(); /* this CTA's tickets come before its finish count */
       if (atomicAdd(&a.sched[1], 1) == (int)gridDim.x - 1) { /* every CTA took its last ticket */
