@@ -69,10 +69,12 @@ typedef enum mokGemmKind {
   mokGemmNumKinds = 6
 } mokGemmKind_t;
 
-/* The tile shape of one GEMM kind, chosen by one rule from (H, I): BM = 128 rows
- * (two consumer warpgroups of 64), BK = 64, BN from {256, 192, 128} (output columns;
- * for gate+up the tile holds BN/2 gate and BN/2 up columns) minimising the padded
- * output width, ties to the wider tile; stages = as many as fit in shared memory. */
+/* The tile shape of one GEMM kind, chosen by one rule from (H, I): forward gate+up and
+ * down use token tiles where the weight side divides into whole 128-output (gate+up) or
+ * 256-output (down) blocks; otherwise, and for the backward kinds, BM = 128 rows (two
+ * consumer warpgroups of 64), BK = 64, BN from {256, 192, 128} (output columns; for
+ * gate+up the tile holds BN/2 gate and BN/2 up columns) minimising the padded output
+ * width, ties to the wider tile; stages = as many as fit in shared memory. */
 typedef struct mokGemmTileShape {
   int token;      /* 1: token tiles (forward gate+up when I % 128 == 0, down when H % 256 == 0):
                      bm = 256 weight rows, bn = 160 = the most rows of a tile (rows are cut

@@ -41,6 +41,10 @@
  * uses the same barriers): a kernel that embeds these tiles leaves ids 1 and 2 to them.
  * Weight-gradient kinds: M x N = the weight's [out, in], K = expert e's rows, reduced in
  * row order inside one tile (no split-K), so results are bitwise reproducible.
+ * Token tiles (forward gate+up when I % 128 == 0, down when H % 256 == 0): the rows are the
+ * wgmma N side, cut per expert into 64-160-row tiles that fit the segment (no 64-row
+ * remainder of a 128-row grid), 256 weight rows the M side: see "token tiles" below
+ * (tok_tile_produce / tok_tile_consume, TokConfig).
  */
 #ifndef MOK_GEMM_GROUPED_GEMM_CUH
 #define MOK_GEMM_GROUPED_GEMM_CUH
