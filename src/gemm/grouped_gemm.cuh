@@ -843,6 +843,17 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   }
 }
 
+/* reg_fence on every accumulator of both m64 blocks (keeps the compiler from moving their
+ * reads and writes across the asynchronous wgmmas). */
+template <int N>
+__device__ __forceinline__ void reg_fence_all(float (&x)[N], float (&y)[N]) {
+#pragma unroll
+  for (int i = 0; i < N; ++i) {
+    reg_fence(x[i]);
+    reg_fence(y[i]);
+  }
+}
+
 template <int KIND, int NT>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
                                                EpiState &st, WaitCtx &w, int wg, int k_blocks) {
@@ -858,11 +869,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
     const uint32_t sw = smem_u32(smem + p.stage * TC::kStageBytes) + wg * 128 * 128;
     const uint32_t st = smem_u32(smem + p.stage * TC::kStageBytes + TC::kWBytes);
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) {
-      reg_fence(acc0[i]);
-      reg_fence(acc1[i]);
-    }
+    reg_fence_all(acc0, acc1);
     wgmma_fence();
 #pragma unroll
     for (int k16 = 0; k16 < kBK / 16; ++k16) {
@@ -872,21 +879,13 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     }
     wgmma_commit_group();
     wgmma_wait_group<1>();
-#pragma unroll
-    for (int i = 0; i < NT / 2; ++i) {
-      reg_fence(acc0[i]);
-      reg_fence(acc1[i]);
-    }
+    reg_fence_all(acc0, acc1);
     if (kb > 0) mbarrier_arrive_if(&empty[prev], leader);
     prev = p.stage;
     pipe_advance<TC::kStages>(p);
   }
   wgmma_wait_group<0>();
-#pragma unroll
-  for (int i = 0; i < NT / 2; ++i) {
-    reg_fence(acc0[i]);
-    reg_fence(acc1[i]);
-  }
+  reg_fence_all(acc0, acc1);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
   tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * kStgBytes), st, wg, acc0, acc1);
 }
