@@ -91,7 +91,8 @@ struct mok_gpu_layer {
    * launch covers every expert whatever its rows. */
   mokImpl_t fwd_impl;
   int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
-  int32_t *d_off;        /* [E_l + 1] segment offsets of the last forward (device) */
+  int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
+                            segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
   int prof, nev;
   cudaEvent_t ev[32];
@@ -310,13 +311,14 @@ static inline void gset(struct mok_gpu_layer *g, int q, int M, int N, int K, int
 /* Grouped ncclSend/ncclRecv of rows (row_bytes each): all-to-all-v. */
 /* The rows of mok's grouped GEMMs; a wait that runs out in them is recorded in the
  * communicator's error word, so mokCommGetAsyncError reports it like a comm timeout. */
-static mokResult_t gemm_rows(mokLayer_t l, int El, int64_t cap, const int32_t *off, mokGemmRows_t *r) {
+static mokResult_t gemm_rows(mokLayer_t l, int El, int64_t cap, const int32_t *seg, mokGemmRows_t *r) {
   mokCommDev dev;
   MOK_CHECK(mok_comm_device_view(l->comm, &dev));
   memset(r, 0, sizeof *r);
   r->num_experts = El;
   r->capacity = cap;
-  r->expert_offset = off;
+  r->expert_count = seg;
+  r->expert_offset = seg + El;
   r->error_word = &((mokCommCtrl *)dev.peer_base[dev.rank])->error;
   r->rank = dev.rank;
   return mokSuccess;
@@ -469,7 +471,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   free(g->gm); free(g->galpha); free(g->gta); free((void *)g->ops); free(g->cursor);
   cudaFreeHost(g->h_ptrs);
   cudaFree(g->d_ptrs);
-  cudaFree(g->d_off);
+  cudaFree(g->d_seg);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -544,7 +546,7 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   int major = 0;
   CUDA_CHECK(l, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g->device));
   g->sm90 = major == 9;
-  if (cudaMalloc((void **)&g->d_off, sizeof(int32_t) * (size_t)(El + 1)) != cudaSuccess) {
+  if (cudaMalloc((void **)&g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1)) != cudaSuccess) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
   }
@@ -747,9 +749,9 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
   mokGemmRows_t grows;
-  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_off, &grows));
+  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
   if (g->fwd_impl == mokImplNccl) {
-    CUDA_CHECK(l, cudaMemcpyAsync(g->d_off, g->seg_off, sizeof(int32_t) * (size_t)(El + 1), cudaMemcpyHostToDevice, st));
+    CUDA_CHECK(l, cudaMemcpyAsync(g->d_seg, g->seg_cnt, sizeof(int32_t) * (size_t)(2 * El + 1), cudaMemcpyHostToDevice, st));
     MOK_CHECK(mok_gemm_gateup_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, g->act, g->gu, st));
     prof_mark(g, "gateup+swiglu", st);
     MOK_CHECK(mok_gemm_down_fwd(&grows, H, I, g->act, w->w_down, g->yp, st));
@@ -831,7 +833,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   prof_mark(g, "dtopk+dy+a2a+gather", st);
   if (g->fwd_impl == mokImplNccl) {
     mokGemmRows_t grows;
-    MOK_CHECK(gemm_rows(l, El, g->cap, g->d_off, &grows));
+    MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
     mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
     MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
     prof_mark(g, "dA+swiglu'", st);

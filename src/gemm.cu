@@ -187,6 +187,7 @@ static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
 static int g_stall_tile = -1;
 static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
 static int g_split_tail = 1;
+static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
 
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
@@ -198,6 +199,13 @@ extern "C" mokResult_t mok_gemm_debug_sched(int mode, int split_tail) {
   if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_sched: mode %d", mode);
   __atomic_store_n(&g_sched_mode, mode, __ATOMIC_RELAXED);
   __atomic_store_n(&g_split_tail, split_tail != 0, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_raster(int row_tiles) {
+  if (row_tiles < 1 || row_tiles > (1 << 20))
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_raster: row_tiles = %d, must be in [1, 2^20]", row_tiles);
+  __atomic_store_n(&g_raster, row_tiles, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -281,7 +289,9 @@ static GemmTileArgs base_args(const mokGemmRows_t *rows) {
   GemmTileArgs a;
   memset(&a, 0, sizeof a);
   a.expert_offset = rows->expert_offset;
+  a.expert_count = rows->expert_count;
   a.num_experts = rows->num_experts;
+  a.raster = __atomic_load_n(&g_raster, __ATOMIC_RELAXED);
   return a;
 }
 

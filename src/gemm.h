@@ -49,6 +49,11 @@ typedef struct mokGemmRows {
   int64_t capacity;             /* rows allocated in each row-indexed tensor; < 2^31 */
   const int32_t *expert_offset; /* device [E_l + 1]; multiples of 64, nondecreasing,
                                    expert_offset[E_l] <= capacity */
+  const int32_t *expert_count;  /* device [E_l] routed rows of each expert (the first rows of
+                                   its segment; the rest is zero padding), or NULL. Given, the
+                                   forward GEMMs on token tiles compute only the routed rows
+                                   rounded up to 32 and write zeros on the other padding rows
+                                   (same results, less work); NULL: every segment row */
   unsigned long long *error_word; /* device error word for timeouts (the communicator's, so
                                      mokCommGetAsyncError reports them); NULL: the module's */
   int rank;                       /* written into an error word */
@@ -122,6 +127,9 @@ mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
  * both warpgroups (1, the default) or run on one. Process-wide. */
 mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
+/* Benchmarks: the raster group of the row-grouped kinds, in row tiles of one expert (the
+ * default 8; 1 << 20 = plain output-block-major order). Process-wide. */
+mokResult_t mok_gemm_debug_raster(int row_tiles);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

@@ -95,25 +95,36 @@ MOK_TEST(gemm_validation) {
 
 /* ---- CPU: the tile schedule ---------------------------------------------------------
  * gemm_decode_tile walks a cursor over the segment offsets; here it runs on the host and
- * must list exactly the tiles of a brute-force enumeration (experts in order, n-block major,
- * m-block minor, 128-row m-blocks, the last one of a segment maybe 64 rows; or token tiles
- * of 64-160 rows), in order, in a persistent CTA's strided order, and in random order (the
- * cursor restarts). */
+ * must list exactly the tiles of a brute-force enumeration (experts in order; in an expert,
+ * groups of `raster` m-blocks, in a group n-block major, m-block minor; 128-row m-blocks,
+ * the last one of a segment maybe 64 rows; or token tiles of 32-160 rows over the whole
+ * segment or, with expert counts, over the routed rows rounded up to 32, the last tile
+ * owning the zero rows after them), in order, in a persistent CTA's strided order, and in
+ * random order (the cursor walks either way). */
 template <int KIND, int BN, int TOK = 0>
 static int check_schedule(rng_t *r, char *why, size_t n) {
   using namespace mok_sm90;
-  enum { kMaxE = 40, kMaxTiles = 8192 };
+  enum { kMaxE = 40, kMaxTiles = 32768 };
   const int E = 1 + (int)(rng_next(r) % kMaxE);
-  int32_t off[kMaxE + 1];
+  int32_t off[kMaxE + 1], cnt[kMaxE];
   off[0] = 0;
-  for (int e = 0; e < E; ++e) { /* empty, one 64-row block, or up to 9 blocks */
-    const int kind = (int)(rng_next(r) % 4);
-    const int blocks = kind == 0 ? 0 : kind == 1 ? 1 : 1 + (int)(rng_next(r) % 9);
+  for (int e = 0; e < E; ++e) { /* empty, one 64-row block, or up to 40 blocks */
+    const int kind = (int)(rng_next(r) % 5);
+    const int blocks = kind == 0 ? 0 : kind == 1 ? 1 : kind == 4 ? 1 + (int)(rng_next(r) % 40) : 1 + (int)(rng_next(r) % 9);
     off[e + 1] = off[e] + 64 * blocks;
+    /* routed rows: the segment's own (0 .. seg, usually > seg - 64), or more than fit (clamped) */
+    const int seg = 64 * blocks, pick = (int)(rng_next(r) % 8);
+    cnt[e] = pick == 0 ? 0 : pick == 1 ? seg + 1 + (int)(rng_next(r) % 100) : pick == 2 ? (int)(rng_next(r) % (seg + 1))
+                                                                        : seg - (int)(rng_next(r) % 64);
+    if (cnt[e] < 0) cnt[e] = 0;
   }
   GemmTileArgs a;
   memset(&a, 0, sizeof a);
   a.expert_offset = off;
+  const int with_counts = TOK && (rng_next(r) & 1);
+  a.expert_count = with_counts ? cnt : NULL;
+  static const int kRasters[5] = {1, 2, 3, 8, 1 << 20};
+  a.raster = kRasters[rng_next(r) % 5];
   a.num_experts = E;
   a.n_out = 64 * (1 + (int)(rng_next(r) % 40));
   a.k_len = 64 * (1 + (int)(rng_next(r) % 8));
@@ -123,32 +134,45 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   int total = 0;
   for (int e = 0; e < E; ++e) {
     const int seg = off[e + 1] - off[e];
+    /* rows the token tiles cover: the segment, or its routed rows (at least 1, at most
+     * seg) rounded up to 32 */
+    int rows = seg;
+    if (with_counts && seg > 0) {
+      rows = cnt[e] < 1 ? 1 : cnt[e] > seg ? seg : cnt[e];
+      rows = (rows + 31) / 32 * 32;
+    }
     /* token tiles, brute force: ceil(units / 5) tiles of 32-row units, each taking
      * ceil(units left / tiles left), so sizes differ by <= 32 rows, larger first */
-    int tok_n = 0, tok_off[64], tok_nt[64];
-    for (int u = seg / 32, left = u, i = 0, cnt = (u + 4) / 5; i < cnt; ++i) {
-      const int take = (left + (cnt - i) - 1) / (cnt - i);
+    int tok_n = 0, tok_off[512], tok_nt[512];
+    for (int u = rows / 32, left = u, i = 0, tn = (u + 4) / 5; i < tn; ++i) {
+      const int take = (left + (tn - i) - 1) / (tn - i);
       tok_off[i] = 32 * (u - left);
       tok_nt[i] = 32 * take;
       left -= take;
-      tok_n = cnt;
+      tok_n = tn;
     }
     for (int i = 0; i < tok_n; ++i)
-      if (tok_nt[i] < 64 || tok_nt[i] > 160 || (i && tok_nt[i] > tok_nt[i - 1]))
-        return snprintf(why, n, "token split of %d rows: tile %d has %d rows", seg, i, tok_nt[i]), 0;
+      if (tok_nt[i] < (with_counts ? 32 : 64) || tok_nt[i] > 160 || (i && tok_nt[i] > tok_nt[i - 1]))
+        return snprintf(why, n, "token split of %d rows: tile %d has %d rows", rows, i, tok_nt[i]), 0;
     const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : TOK ? tok_n : (seg + 127) / 128;
+    const int raster = KindTraits<KIND>::kWgrad ? 1 << 30 : a.raster; /* wgrad: no groups */
+    for (int g0 = 0; g0 < mt; g0 += raster)
     for (int nb = 0; nb < n_tiles; ++nb)
-      for (int mb = 0; mb < mt && total < kMaxTiles; ++mb) {
+      for (int mb = g0; mb < mt && mb < g0 + raster && total < kMaxTiles; ++mb) {
         TileCoord c;
         memset(&c, 0, sizeof c);
         c.expert = e;
         c.n0 = nb * oc;
         if (TOK) {
           c.m0 = off[e] + tok_off[mb], c.m_end = c.m0 + tok_nt[mb], c.nt = tok_nt[mb], c.k_blocks = a.k_len / 64;
+          c.z_end = mb == mt - 1 ? off[e + 1] : c.m_end;
+          if (c.m_end > off[e + 1]) return snprintf(why, n, "token tile past its segment"), 0;
         } else if (KindTraits<KIND>::kWgrad) {
           c.m0 = mb * 128, c.m_end = a.m_w, c.k0 = off[e], c.k_blocks = (off[e + 1] - off[e]) / 64;
+          c.z_end = c.m_end;
         } else {
           c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
+          c.z_end = c.m_end;
         }
         want[total++] = c;
       }
@@ -156,11 +180,11 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   if (total >= kMaxTiles) return 1; /* layout too big for the table: skip it */
   auto same = [](const TileCoord &x, const TileCoord &y) {
     return x.expert == y.expert && x.m0 == y.m0 && x.m_end == y.m_end && x.n0 == y.n0 && x.k0 == y.k0 &&
-           x.k_blocks == y.k_blocks && x.nt == y.nt;
+           x.k_blocks == y.k_blocks && x.nt == y.nt && x.z_end == y.z_end;
   };
   GemmCursor cu;
   TileCoord c;
-  gemm_cursor_init(off, cu);
+  gemm_cursor_init(a, cu);
   for (int t = 0; t < total; ++t)
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "in order: tile %d of %d (E %d) decoded wrong", t, total, E), 0;
@@ -168,17 +192,17 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     return snprintf(why, n, "tile %d past the last (%d) decoded as a tile", total, total - 1), 0;
   const int grid = 1 + (int)(rng_next(r) % 132);
   for (int b = 0; b < grid; ++b) { /* a persistent CTA's order, fresh cursor */
-    gemm_cursor_init(off, cu);
+    gemm_cursor_init(a, cu);
     int t = b;
     for (; gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c); t += grid)
       if (t >= total || !same(c, want[t])) return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
     if (t < total) return snprintf(why, n, "CTA %d of %d stopped at tile %d of %d", b, grid, t, total), 0;
   }
-  gemm_cursor_init(off, cu);
+  gemm_cursor_init(a, cu);
   for (int t = total - 1; t >= 0; --t) /* backwards: the cursor steps back one expert at a time */
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "backwards: tile %d of %d wrong", t, total), 0;
-  gemm_cursor_init(off, cu);
+  gemm_cursor_init(a, cu);
   for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor walks either way */
     const int t = (int)(rng_next(r) % (uint64_t)total);
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
@@ -208,6 +232,7 @@ typedef struct gemm_case {
   float limit;
   int sample_rows;   /* 0: check every row; else this many rows per expert (first, last, spread) */
   int sample_wrows;  /* weight rows checked per expert and matrix (0 = all) */
+  int no_counts;     /* 1: the GEMMs get no expert_count (token tiles cover whole segments) */
 } gemm_case;
 
 typedef struct gemm_bufs {
@@ -307,7 +332,7 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
   TRY_CUDA(cudaMemset(b->dwu2, 0xFF, wsz * 4));
   TRY_CUDA(cudaMemset(b->dwd2, 0xFF, wsz * 4));
 
-  mokGemmRows_t rows = {E, cap, b->off};
+  mokGemmRows_t rows = {E, cap, b->off, c->no_counts ? NULL : b->cnt};
   TRY_MOK(mok_gemm_gateup_fwd(&rows, H, I, c->limit, b->x, b->wg, b->wu, b->act, b->gu, 0));
   TRY_MOK(mok_gemm_down_fwd(&rows, H, I, b->act, b->wd, b->y, 0));
   TRY_MOK(mok_gemm_down_dgrad(&rows, H, I, c->limit, b->dy, b->wd, b->gu, b->dgu, 0));
@@ -383,6 +408,7 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
     /* padding rows of every output must be exactly zero */
     for (int64_t r = off_h[e] + c->counts[e]; r < off_h[e + 1]; ++r) {
       for (int i = 0; i < 2 * I; ++i) mok_gemm_err_add(&e_pad, MOK_B2D(hgu[r * 2 * I + i]) + MOK_B2D(hdgu[r * 2 * I + i]), 0.0);
+      for (int i = 0; i < I; ++i) mok_gemm_err_add(&e_pad, MOK_B2D(hact[r * I + i]), 0.0);
       for (int h = 0; h < H; ++h) mok_gemm_err_add(&e_pad, MOK_B2D(hy[r * H + h]) + MOK_B2D(hdx[r * H + h]), 0.0);
     }
     /* weight gradients over this expert's rows (all of the segment: padding is zero) */
@@ -463,17 +489,22 @@ MOK_GPU_TEST(gemm_gpu_awkward_rows, 1) {
 }
 
 MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
-  /* forward gate+up (I = 256) and down (H = 512) on token tiles: segments of 0, 64, 192,
-   * 320, 448, 128 and 1024 rows -> tiles of 64, 96 + 96, 160 + 160, 160 + 160 + 128, 128,
-   * 7 x ~146; the backward kinds then read what they wrote */
-  static const int counts[7] = {0, 1, 130, 300, 420, 77, 1000};
-  gemm_case c = {7, 512, 256, counts, 0.0f, 24, 32};
+  /* forward gate+up (I = 256) and down (H = 512) on token tiles. Without expert counts:
+   * segments of 0, 64, 192, 320, 448, 128, 1024, 64 and 384 rows -> tiles of 64, 96 + 96,
+   * 160 + 160, 160 + 160 + 128, 128, 7 x ~146, 64, 3 x 128. With counts (routed rows
+   * rounded up to 32): 32, 160, 320, 448, 96, 1024, 64, 352 -> 32, 160, 160 + 160, 160 +
+   * 160 + 128, 96, 7 x ~146, 64, 128 + 128 + 96, and the rows past them written as zeros
+   * (the outputs start as NaN poison). The backward kinds then read what they wrote. */
+  static const int counts[9] = {0, 1, 130, 300, 420, 77, 1000, 64, 341};
   mokGemmTileShape_t s1, s2;
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 512, 256, &s1));
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 512, 256, &s2));
   CHECK_MSG(s1.token && s2.token, "the shape does not select token tiles");
-  const char *err = run_case(&c, test_seed() ^ 0x70c);
-  CHECK_MSG(err == NULL, "%s", err);
+  for (int no_counts = 0; no_counts < 2; ++no_counts) {
+    gemm_case c = {9, 512, 256, counts, 0.0f, 24, 32, no_counts};
+    const char *err = run_case(&c, test_seed() ^ 0x70c ^ (uint64_t)no_counts);
+    CHECK_MSG(err == NULL, "%s expert counts: %s", no_counts ? "without" : "with", err);
+  }
 }
 
 MOK_GPU_TEST(gemm_gpu_clamp_hot_expert, 1) {

@@ -18,6 +18,9 @@
  * total_rows / E_l rows (gate+up on a stacked [E_l, 2I, H] copy of the weights; its
  * SwiGLU pass is not counted). err: relative L2 error against float64 on sampled rows
  * (first and last row of three experts; three weight rows of three experts).
+ * Timing: median of --iters runs each, ours and cuBLAS taken in turn, each launch queued
+ * behind a 50 us spin kernel (GPU time only, not the host's launch work). Our GEMMs get
+ * the expert counts (--counts on): forward token tiles skip the padding rows.
  * Exit status: 0 ok, 1 a wrong result or a failed call, 2 bad usage. MOK_BENCH_VERBOSE=1
  * prints each stage (run, check) to stderr, to locate a hang.
  */
@@ -80,9 +83,13 @@ static void usage(void) {
           "usage: mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]\n"
           "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
-          "                      [--tail split|one]\n"
-          "  --sched, --tail: diagnostics: how tiles reach the CTAs (default auto: the library's\n"
-          "  rule); 64-row tails of 256-wide tiles on both warpgroups (split, default) or one\nmodels:");
+          "                      [--tail split|one] [--counts on|off] [--raster N] [--kinds LIST]\n"
+          "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
+          "  wgateup32,wdown32 (default all)\n"
+          "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
+          "  auto: the library's rule); 64-row tails of 256-wide tiles on both warpgroups (split,\n"
+          "  default) or one; expert counts given to the GEMMs (on, default: forward token tiles\n"
+          "  skip padding) or not; row tiles per raster group (default 8)\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
@@ -116,27 +123,47 @@ static int cmp_float(const void *a, const void *b) {
 
 typedef int (*run_fn)(bench *b, void *ctx);
 
-/* median ms of `iters` runs after 3 warm-ups; -1 on failure */
-static float time_it(bench *b, run_fn fn, void *ctx) {
-  float *t = (float *)malloc(sizeof(float) * b->iters);
-  for (int i = 0; i < 3; ++i)
-    if (fn(b, ctx)) return -1.f;
-  for (int i = 0; i < b->iters; ++i) {
+/* Holds the GPU for ns nanoseconds, so that the launch after it is queued before the
+ * timing event before it fires: the host's launch work is not timed. */
+__global__ void spin_kernel(unsigned long long ns) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (t - t0 < ns);
+}
+
+static float median(float *t, int n) {
+  qsort(t, (size_t)n, sizeof(float), cmp_float);
+  return t[n / 2];
+}
+
+/* Median ms of `iters` runs of each of two calls, after 3 warm-ups of each, the two taken
+ * in turn (a, b, a, b, ...) so that drifting clocks or temperature hit both alike; each
+ * timed launch sits behind a 50 us spin kernel, so only GPU time is measured. -1 on
+ * failure. */
+static int time_pair(bench *b, run_fn fa, run_fn fb, void *ctx, float *ma, float *mb) {
+  float *t = (float *)malloc(sizeof(float) * 2 * (size_t)b->iters);
+  int rc = 0;
+  for (int i = 0; i < 3 && !rc; ++i) rc = fa(b, ctx) || fb(b, ctx);
+  for (int i = 0; i < 2 * b->iters && !rc; ++i) {
+    spin_kernel<<<1, 1>>>(50000ull);
     cudaEventRecord(b->ev0, 0);
-    if (fn(b, ctx)) return -1.f;
+    rc = (i & 1 ? fb : fa)(b, ctx);
     cudaEventRecord(b->ev1, 0);
     cudaEventSynchronize(b->ev1);
-    cudaEventElapsedTime(&t[i], b->ev0, b->ev1);
+    cudaEventElapsedTime(&t[(i & 1) * b->iters + i / 2], b->ev0, b->ev1);
   }
-  if (cudaGetLastError() != cudaSuccess) return -1.f;
-  qsort(t, b->iters, sizeof(float), cmp_float);
-  float m = t[b->iters / 2];
+  if (!rc && cudaGetLastError() != cudaSuccess) rc = 1;
+  if (!rc) {
+    *ma = median(t, b->iters);
+    *mb = median(t + b->iters, b->iters);
+  }
   free(t);
-  return m;
+  return rc;
 }
 
 /* ---- the GEMM calls -------------------------------------------------------------------- */
 enum { K_GATEUP, K_DOWN, K_DDOWN, K_DGATEUP, K_WGATEUP, K_WDOWN, K_WGATEUP32, K_WDOWN32, K_N };
+static const char *kKindFlag[K_N] = {"gateup", "down", "ddown", "dgateup", "wgateup", "wdown", "wgateup32", "wdown32"};
 static const char *kKindName[K_N] = {"gateup+swiglu", "down", "dgrad down+swiglu'", "dgrad gate+up",
                                      "wgrad gate+up bf16", "wgrad down bf16", "wgrad gate+up fp32",
                                      "wgrad down fp32"};
@@ -367,9 +394,8 @@ static int bench_kind(bench *b, int k) {
   const double rel = nans ? INFINITY : check_kind(b, k);
   const int ok = rel < 1e-2;
   if (!ok) b->wrong = 1;
-  const float ms = time_it(b, run_ours, (void *)(intptr_t)k);
-  const float cms = time_it(b, run_cublas, (void *)(intptr_t)k);
-  if (ms < 0 || cms < 0) return 1;
+  float ms = 0, cms = 0;
+  if (time_pair(b, run_ours, run_cublas, (void *)(intptr_t)k, &ms, &cms)) return 1;
   /* cuBLAS does the same useful work on balanced rows: rows_bal * E (== R when balanced) */
   const double cflop = flop / R * ((double)b->rows_bal * E);
   const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
@@ -396,7 +422,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   double zipf = 0;
   const char *json = NULL;
   b->iters = 20;
-  int sched = 0, split = 1;
+  int sched = 0, split = 1, counts = 1;
+  unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
     const char *v = i + 1 < argc ? argv[i + 1] : NULL;
@@ -420,6 +447,24 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--tail")) {
       split = !strcmp(v, "split") ? 1 : !strcmp(v, "one") ? 0 : -1;
       if (split < 0) { fprintf(stderr, "bench gemm: --tail split|one\n"); return 2; }
+    }
+    else if (!strcmp(a, "--counts")) {
+      counts = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -1;
+      if (counts < 0) { fprintf(stderr, "bench gemm: --counts on|off\n"); return 2; }
+    } else if (!strcmp(a, "--raster")) {
+      if (mok_gemm_debug_raster(atoi(v)) != mokSuccess) { fprintf(stderr, "bench gemm: --raster N, N >= 1\n"); return 2; }
+    }
+    else if (!strcmp(a, "--kinds")) {
+      kinds = 0;
+      for (const char *q = v; *q;) {
+        const size_t len = strcspn(q, ",");
+        int found = -1;
+        for (int k = 0; k < K_N; ++k)
+          if (strlen(kKindFlag[k]) == len && !strncmp(q, kKindFlag[k], len)) found = k;
+        if (found < 0) { fprintf(stderr, "bench gemm: --kinds: unknown kind '%.*s'\n", (int)len, q); return 2; }
+        kinds |= 1u << found;
+        q += len + (q[len] == ',');
+      }
     }
     else if (!strcmp(a, "--json")) json = v;
     else if (!strcmp(a, "--routing")) {
@@ -486,6 +531,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows.num_experts = E;
   b->rows.capacity = b->cap;
   b->rows.expert_offset = b->off;
+  b->rows.expert_count = counts ? b->cnt : NULL;
   const uint64_t seed = 0x5eed0000ull ^ (uint64_t)time(NULL);
   BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));
@@ -509,13 +555,13 @@ static int bench_main(int argc, char **argv, bench *b) {
   cudaDeviceProp prop;
   BCUDA(cudaGetDeviceProperties(&prop, 0));
   printf("# mok bench gemm: %s, %d SMs; E_l=%d H=%d I=%d, %lld routed rows (%s), %lld rows after padding to 64, "
-         "limit %g, median of %d\n",
+         "limit %g, median of %d (ours and cuBLAS in turn, GPU time)\n",
          prop.name, prop.multiProcessorCount, E, b->H, b->I, (long long)total,
          zipf > 0 ? "zipf" : "balanced", (long long)b->rows_used, (double)b->limit, b->iters);
   printf("%-20s %-24s %8s %8s %8s %8s %6s %8s %9s\n", "kind", "shape", "ms", "TFLOP/s", "cuBLASms", "TFLOP/s", "ratio",
          "HBM GB/s", "rel.err");
   for (int k = 0; k < K_N; ++k)
-    if (bench_kind(b, k)) return 1;
+    if ((kinds >> k & 1) && bench_kind(b, k)) return 1;
   if (b->json) {
     fprintf(b->json, "\n]}\n");
     fclose(b->json);

@@ -60,6 +60,11 @@ namespace mok_sm90 {
 /* Kinds, numbered as mokGemmKind_t in gemm.h. */
 enum { kGateUpFwd = 0, kDownFwd = 1, kDownDgrad = 2, kGateUpDgrad = 3, kWgradGateUp = 4, kWgradDown = 5 };
 
+/* The producer hands decoded tiles to the consumers through kSchedSlots slots of
+ * kSlotInts ints in the barrier area (grouped_gemm_kernel), the cursor after them. */
+constexpr int kSchedSlots = 4;
+constexpr int kSlotInts = 9;
+
 constexpr int kBM = 128;
 constexpr int kBK = 64;
 constexpr int kThreads = 384; /* WG0 producer, WG1 and WG2 consumers */
@@ -92,7 +97,8 @@ struct TileConfig {
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
   static_assert(kStages >= 3, "too few pipeline stages");
-  static_assert((2 * kStages + 2 + 8) * 8 + 4 * 32 + 32 <= kBarBytes, "barrier area too small");
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
+                "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
   static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
   static_assert(KIND != kGateUpFwd || BN != 192, "gate+up stores whole 64-column chunks of act, g and u");
@@ -110,7 +116,10 @@ struct GemmTileArgs {
   CUtensorMap tm_a64;  /* row-grouped kinds: A with a 64-row box (tail tiles load only their rows) */
   CUtensorMap tm_tok;  /* token tiles: the rows operand with a 32-row box */
   const int32_t *expert_offset; /* [E_l + 1] */
+  const int32_t *expert_count;  /* [E_l] routed rows of each expert, or NULL (token tiles) */
   int num_experts;
+  int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
+                     tiles, every output block of a group before the next group */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
   int k_len;      /* reduction length of row-grouped kinds: H, I, H, 2I */
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
@@ -187,7 +196,8 @@ struct TileCoord {
   int n0;       /* first output column */
   int k0;       /* wgrad: first schedule row of the expert */
   int k_blocks; /* BK-wide steps of the reduction */
-  int nt;       /* token tiles: its rows (64, 96, 128 or 160); 0 for the 128-row tiles */
+  int nt;       /* token tiles: its rows (32 .. 160); 0 for the 128-row tiles */
+  int z_end;    /* token tiles: rows [m_end, z_end) are padding this tile writes as zeros */
 };
 
 struct PipeState {
@@ -229,6 +239,7 @@ __host__ __device__ __forceinline__ int tile_out_cols() {
  * change while the kernel runs. */
 struct GemmCursor {
   int e, first, o0, o1;
+  int n; /* token tiles: rows of the segment the tiles cover (tok_rows) */
 };
 
 /* A read-only load of a schedule offset (__ldg on the device; host builds of the schedule
@@ -241,19 +252,14 @@ __host__ __device__ __forceinline__ int32_t sched_ld(const int32_t *p) {
 #endif
 }
 
-__host__ __device__ __forceinline__ void gemm_cursor_init(const int32_t *off, GemmCursor &cu) {
-  cu.e = 0;
-  cu.first = 0;
-  cu.o0 = sched_ld(off);
-  cu.o1 = sched_ld(off + 1);
-}
 
 /* ---- token tiles (forward gate+up and down) -------------------------------------------
- * The rows are the wgmma N side: a segment of seg rows (a multiple of 64) is cut into
- * ceil(seg / 160) tiles of 32-row units, as even as can be (320 -> 160 + 160, 384 -> 3 x
- * 128, 448 -> 160 + 160 + 128, 192 -> 96 + 96, 64 -> 64), so no tile is a 64-row
- * remainder of a 128-row grid; the weights are the M side, 256 rows a tile (gate+up: 128
- * outputs as [64 gate | 64 up] x 2; down: 256 outputs). */
+ * The rows are the wgmma N side: the rows of a segment the tiles cover (all seg rows, or
+ * with expert counts the routed rows rounded up to 32: tok_rows) are cut into
+ * ceil(rows / 160) tiles of 32-row units, as even as can be (320 -> 160 + 160, 352 -> 128
+ * + 128 + 96, 448 -> 160 + 160 + 128, 192 -> 96 + 96, 32 -> 32), so no tile is a mostly
+ * empty remainder of a fixed grid; the weights are the M side, 256 rows a tile (gate+up:
+ * 128 outputs as [64 gate | 64 up] x 2; down: 256 outputs). */
 constexpr int kTokMax = 160;
 constexpr int kTokUnit = 32;
 __host__ __device__ __forceinline__ int tok_tiles(int seg) { return (seg / kTokUnit + 4) / 5; }
@@ -262,6 +268,28 @@ __host__ __device__ __forceinline__ void tok_tile(int seg, int i, int &off, int 
   const int u = seg / kTokUnit, n = (u + 4) / 5, q = u / n, r = u - q * n;
   off = kTokUnit * (i * q + (i < r ? i : r));
   nt = kTokUnit * (q + (i < r ? 1 : 0));
+}
+/* Rows of a segment of seg rows that its token tiles compute: all of them, or with
+ * expert_count the routed rows rounded up to 32 (at least one unit of a non-empty
+ * segment); the last tile writes zeros on the rest (z_end). */
+__host__ __device__ __forceinline__ int tok_rows(const GemmTileArgs &a, int e, int seg) {
+  if (!a.expert_count || seg <= 0) return seg;
+  int n = sched_ld(a.expert_count + e);
+  n = n < 1 ? 1 : n > seg ? seg : n;
+  n = (n + kTokUnit - 1) / kTokUnit * kTokUnit;
+  return n < seg ? n : seg;
+}
+__host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a, GemmCursor &cu) {
+  cu.e = 0;
+  cu.first = 0;
+  cu.o0 = sched_ld(a.expert_offset);
+  cu.o1 = sched_ld(a.expert_offset + 1);
+  cu.n = tok_rows(a, 0, cu.o1 - cu.o0);
+}
+/* Tiles of the cursor's expert per output block. */
+template <int TOK>
+__host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu) {
+  return TOK ? tok_tiles(cu.n) : (cu.o1 - cu.o0 + kBM - 1) / kBM;
 }
 template <int KIND>
 __host__ __device__ __forceinline__ int tok_out_cols() {
@@ -287,42 +315,53 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     c.k0 = o0;
     c.k_blocks = (o1 - o0) / kBK;
     c.nt = 0;
+    c.z_end = c.m_end;
     return true;
   } else {
     while (t < cu.first) { /* step back one expert (a cursor past the end keeps the last one's bounds) */
       if (cu.e < a.num_experts) {
         cu.o1 = cu.o0;
         cu.o0 = sched_ld(a.expert_offset + cu.e - 1);
+        if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
       }
       --cu.e;
-      cu.first -= (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
+      cu.first -= cursor_row_tiles<TOK>(cu) * n_tiles;
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = (TOK ? tok_tiles(cu.o1 - cu.o0) : (cu.o1 - cu.o0 + kBM - 1) / kBM) * n_tiles;
+      const int tiles = cursor_row_tiles<TOK>(cu) * n_tiles;
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if (++cu.e < a.num_experts) {
         cu.o0 = cu.o1;
         cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
+        if (TOK) cu.n = tok_rows(a, cu.e, cu.o1 - cu.o0);
       }
     }
-    const int seg = cu.o1 - cu.o0, mt = TOK ? tok_tiles(seg) : (seg + kBM - 1) / kBM;
-    const int r = t - cu.first, nb = r / mt, mb = r - nb * mt;
+    /* raster: groups of `raster` row tiles; in a group, rows fastest (consecutive tiles
+     * share a weight block), every output block before the next group, so a hot
+     * expert's weights stay in L2 while its rows stream once (an expert of <= raster
+     * row tiles: plain output-block-major order) */
+    const int mt = cursor_row_tiles<TOK>(cu), r = t - cu.first;
+    const int gsz = a.raster * n_tiles, grp = r / gsz, w = r - grp * gsz, g0 = grp * a.raster;
+    const int rows_g = mt - g0 < a.raster ? mt - g0 : a.raster;
+    const int nb = w / rows_g, mb = g0 + (w - nb * rows_g);
     c.expert = cu.e;
     c.n0 = nb * out_cols;
     c.k0 = 0;
     c.k_blocks = a.k_len / kBK;
     if (TOK) {
       int off, nt;
-      tok_tile(seg, mb, off, nt);
+      tok_tile(cu.n, mb, off, nt);
       c.m0 = cu.o0 + off;
       c.m_end = c.m0 + nt;
       c.nt = nt;
+      c.z_end = mb == mt - 1 ? cu.o1 : c.m_end;
     } else {
       c.m0 = cu.o0 + mb * kBM;
       c.m_end = cu.o1;
       c.nt = 0;
+      c.z_end = c.m_end;
     }
     return true;
   }
@@ -754,7 +793,8 @@ struct TokConfig {
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
-  static_assert((2 * kStages + 2 + 8) * 8 + 4 * 32 + 32 <= kBarBytes, "barrier area too small");
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
+                "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
 
@@ -841,6 +881,26 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
       }
     }
   }
+  if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed half */
+    const uint32_t half = chunk + st.buf * (kStgBytes / 2);
+    if (leader) bulk_wait_group_read<1>();
+    wg_sync(wg);
+    st_shared_zero16(half + (threadIdx.x & 127) * 32);
+    st_shared_zero16(half + (threadIdx.x & 127) * 32 + 16);
+    fence_proxy_async_shared();
+    wg_sync(wg);
+    if (leader) {
+      for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
+        const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
+        if (col >= a.n_out) break;
+        for (int pass = 0; pass < (KIND == kGateUpFwd ? (a.save_gu ? 3 : 1) : 1); ++pass)
+          for (int row = c.m_end; row < c.z_end; row += kTokUnit)
+            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, half, pass == 2 ? a.n_out + col : col, row);
+      }
+      bulk_commit_group();
+    }
+    st.buf ^= 1;
+  }
 }
 
 /* reg_fence on every accumulator of both m64 blocks (keeps the compiler from moving their
@@ -896,6 +956,7 @@ __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char
                                  WaitCtx &w, int wg) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
+    case 32: tok_consume_nt<KIND, 32>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, st, w, wg, k_blocks); break;
@@ -916,7 +977,6 @@ __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char
  * the tile index to both consumer warpgroups through a 4-slot ring in shared memory
  * (sfull: 1 arrival, sempty: 256). The last CTA to finish zeroes a.sched for the next
  * launch (also after a timeout: every CTA still ends). */
-constexpr int kSchedSlots = 4;
 
 /* The schedule rule, from measurements (docs/PERF.md): tickets for weight gradients
  * (short tiles, K = one expert's rows) and for row-grouped launches whose tiles differ in
@@ -955,7 +1015,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   uint64_t *sfull = empty + TC::kStages + 2; /* after aux[2] */
   uint64_t *sempty = sfull + kSchedSlots;
   /* slot s: the decoded tile [tile index (-1: no more), expert, m0, m_end, n0, k0,
-   * k_blocks, nt], so the consumers keep no cursor */
+   * k_blocks, nt, z_end], so the consumers keep no cursor */
   volatile int *slot = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
 
   if (threadIdx.x == 0) {
@@ -988,15 +1048,16 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       tma_prefetch_descriptor(TOK ? &a.tm_tok : &a.tm_a64);
       /* the cursor lives in shared memory (after the slots): the producer runs on 40
        * registers */
-      GemmCursor &cu = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + 8 * kSchedSlots));
-      gemm_cursor_init(a.expert_offset, cu);
+      GemmCursor &cu = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
+      gemm_cursor_init(a, cu);
       for (int t = blockIdx.x;;) {
         const bool more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c);
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
-        volatile int *o = slot + 8 * sp.stage;
+        volatile int *o = slot + kSlotInts * sp.stage;
         o[0] = more ? t : -1;
         o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = c.k0, o[6] = c.k_blocks, o[7] = c.nt;
+        o[8] = c.z_end;
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
@@ -1024,9 +1085,10 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       /* the warpgroup leaves together (its named barrier) when any of its threads failed */
       const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
       if (stop) break;
-      const volatile int *o = slot + 8 * sp.stage;
+      const volatile int *o = slot + kSlotInts * sp.stage;
       const int t = o[0];
       c.expert = o[1], c.m0 = o[2], c.m_end = o[3], c.n0 = o[4], c.k0 = o[5], c.k_blocks = o[6], c.nt = o[7];
+      c.z_end = o[8];
       mbarrier_arrive(&sempty[sp.stage]);
       pipe_advance<kSchedSlots>(sp);
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */

@@ -162,6 +162,9 @@ __device__ __forceinline__ void ldmatrix_x4(uint32_t addr, uint32_t (&r)[4]) {
                : "r"(addr)
                : "memory");
 }
+__device__ __forceinline__ void st_shared_zero16(uint32_t addr) {
+  asm volatile("st.shared.v4.u32 [%0], {%1, %1, %1, %1};" ::"r"(addr), "r"(0u) : "memory");
+}
 __device__ __forceinline__ void st_shared_v2_f32(uint32_t addr, float a, float b) {
   asm volatile("st.shared.v2.f32 [%0], {%1, %2};" ::"r"(addr), "f"(a), "f"(b) : "memory");
 }
@@ -205,6 +208,23 @@ __device__ __forceinline__ void wgmma_wait_group() {
 }
 /* Keeps the compiler from moving accumulator accesses across wgmma issue/wait. */
 __device__ __forceinline__ void reg_fence(float &r) { asm volatile("" : "+f"(r)::"memory"); }
+
+/* D[64 x 32] (+)= A[64 x 16] * B[32 x 16]^T (token tiles of one 32-row unit), as below. */
+template <int TA, int TB>
+__device__ __forceinline__ void wgmma_m64n32k16_bf16(float (&d)[16], uint64_t desc_a, uint64_t desc_b,
+                                                     int scale_d) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "setp.ne.b32 p, %18, 0;\n"
+      "wgmma.mma_async.sync.aligned.m64n32k16.f32.bf16.bf16 "
+      "{%0, %1, %2, %3, %4, %5, %6, %7, %8, %9, %10, %11, %12, %13, %14, %15}, "
+      "%16, %17, p, 1, 1, %19, %20;\n"
+      "}\n"
+      : "+f"(d[0]), "+f"(d[1]), "+f"(d[2]), "+f"(d[3]), "+f"(d[4]), "+f"(d[5]), "+f"(d[6]), "+f"(d[7]),
+        "+f"(d[8]), "+f"(d[9]), "+f"(d[10]), "+f"(d[11]), "+f"(d[12]), "+f"(d[13]), "+f"(d[14]), "+f"(d[15])
+      : "l"(desc_a), "l"(desc_b), "r"(scale_d), "n"(TA), "n"(TB));
+}
 
 /* D[64 x 64] (+)= A[64 x 16] * B[64 x 16]^T, both operands in shared memory (descriptors),
  * fp32 accumulators d[32] per thread; scale_d = 0 overwrites D. TA/TB = 1 selects the MN-major
@@ -309,9 +329,10 @@ __device__ __forceinline__ void wgmma_m64n160k16_bf16(float (&d)[80], uint64_t d
 }
 template <int N, int TA, int TB>
 __device__ __forceinline__ void wgmma_bf16(float (&d)[N / 2], uint64_t desc_a, uint64_t desc_b, int scale_d) {
-  static_assert(N == 64 || N == 96 || N == 128 || N == 160 || N == 192 || N == 256,
-                "wgmma_bf16: N must be 64, 96, 128, 160, 192 or 256");
-  if constexpr (N == 64) wgmma_m64n64k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
+  static_assert(N == 32 || N == 64 || N == 96 || N == 128 || N == 160 || N == 192 || N == 256,
+                "wgmma_bf16: N must be 32, 64, 96, 128, 160, 192 or 256");
+  if constexpr (N == 32) wgmma_m64n32k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
+  else if constexpr (N == 64) wgmma_m64n64k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 96) wgmma_m64n96k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 128) wgmma_m64n128k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
   else if constexpr (N == 160) wgmma_m64n160k16_bf16<TA, TB>(d, desc_a, desc_b, scale_d);
