@@ -21,19 +21,19 @@ run() { local tag=$1; shift; echo "-- $tag: $*"; timeout 120 build/mok bench gem
 F="--kinds gateup,down"
 run kimi341        --model kimi-k2.7-code $F
 run kimi341-nocnt  --model kimi-k2.7-code $F --counts off
+run kimi341-u8     --model kimi-k2.7-code $F --tok-units 8
 run qwen320        --model qwen3.5-397b-a17b $F
 run glm512         --model glm-5.2 $F
+run glm512-u8      --model glm-5.2 $F --tok-units 8
 run dsv4256        --model deepseek-v4-pro $F
-run kimizipf       --model kimi-k2.7-code $F --routing zipf:1.2
-run kimizipf-flat  --model kimi-k2.7-code $F --routing zipf:1.2 --raster 1048576
 run qwenzipf       --model qwen3.5-397b-a17b $F --routing zipf:1.2
-run qwenzipf-flat  --model qwen3.5-397b-a17b $F --routing zipf:1.2 --raster 1048576
-run qwenzipf-r4    --model qwen3.5-397b-a17b $F --routing zipf:1.2 --raster 4
+run kimizipf       --model kimi-k2.7-code $F --routing zipf:1.2
 if [ "$1" != quick ]; then
   run kimi512      --model kimi-k2.7-code $F --rows-per-expert 512
+  run kimi512-u8   --model kimi-k2.7-code $F --rows-per-expert 512 --tok-units 8
   run qwen512      --model qwen3.5-397b-a17b $F --rows-per-expert 512
-  run kimi341w     --model kimi-k2.7-code --kinds wgateup,wdown,wgateup32,wdown32,ddown,dgateup
-  run glm512w      --model glm-5.2 --kinds wgateup,wdown,wgateup32,wdown32,ddown,dgateup
+  run qwen512-u8   --model qwen3.5-397b-a17b $F --rows-per-expert 512 --tok-units 8
+  run dsv4512      --model deepseek-v4-pro $F --rows-per-expert 512
 fi
 echo "== summary (ratio = ours / cuBLAS TFLOP/s)"
 tar -C /tmp -czf "$OUT/json.tgz" diag-json

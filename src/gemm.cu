@@ -69,7 +69,7 @@ extern "C" mokResult_t mok_gemm_tile_shape(mokGemmKind_t kind, int hidden, int i
   shape->bk = kBK;
   shape->token = 0;
   if ((kind == mokGemmGateUpFwd && inter % 128 == 0) || (kind == mokGemmDownFwd && hidden % 256 == 0)) {
-    /* token tiles: 256 weight rows x up to 160 rows (see grouped_gemm.cuh) */
+    /* token tiles: 256 weight rows x up to 176 rows (see grouped_gemm.cuh) */
     shape->token = 1;
     shape->bm = 256;
     shape->bn = kTokMax;
@@ -188,6 +188,7 @@ static int g_stall_tile = -1;
 static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
 static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
+static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
 
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
@@ -202,10 +203,14 @@ extern "C" mokResult_t mok_gemm_debug_sched(int mode, int split_tail) {
   return mokSuccess;
 }
 
-extern "C" mokResult_t mok_gemm_debug_raster(int row_tiles) {
-  if (row_tiles < 1 || row_tiles > (1 << 20))
-    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_raster: row_tiles = %d, must be in [1, 2^20]", row_tiles);
-  __atomic_store_n(&g_raster, row_tiles, __ATOMIC_RELAXED);
+extern "C" mokResult_t mok_gemm_debug_tiles(int raster, int tok_units) {
+  if (raster < 0 || raster > (1 << 20))
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_tiles: raster = %d, must be in [0, 2^20]", raster);
+  if (tok_units < 0 || tok_units > kTokMaxUnits)
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_tiles: tok_units = %d, must be in [0, %d]", tok_units,
+                     kTokMaxUnits);
+  __atomic_store_n(&g_raster, raster ? raster : 8, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_tok_units, tok_units ? tok_units : kTokMaxUnits, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -292,6 +297,7 @@ static GemmTileArgs base_args(const mokGemmRows_t *rows) {
   a.expert_count = rows->expert_count;
   a.num_experts = rows->num_experts;
   a.raster = __atomic_load_n(&g_raster, __ATOMIC_RELAXED);
+  a.tok_units = __atomic_load_n(&g_tok_units, __ATOMIC_RELAXED);
   return a;
 }
 
@@ -315,7 +321,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
-  const uint32_t out_box = ts.token ? kTokUnit : 64; /* token tiles store 32-row boxes */
+  const uint32_t out_box = ts.token ? kTokUnit : 64; /* token tiles store 16-row boxes */
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
   MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, kTokUnit, "x"));

@@ -82,8 +82,8 @@ typedef enum mokGemmKind {
  * width, ties to the wider tile; stages = as many as fit in shared memory. */
 typedef struct mokGemmTileShape {
   int token;      /* 1: token tiles (forward gate+up when I % 128 == 0, down when H % 256 == 0):
-                     bm = 256 weight rows, bn = 160 = the most rows of a tile (rows are cut
-                     per expert into 64 / 96 / 128 / 160-row tiles), out_cols = 128 / 256 */
+                     bm = 256 weight rows, bn = 176 = the most rows of a tile (rows are cut
+                     per expert into even tiles of 16-176 rows), out_cols = 128 / 256 */
   int bm, bn, bk, stages;
   int out_cols;   /* output columns of one tile (bn, or bn/2 for gate+up) */
   int smem_bytes; /* dynamic shared memory per CTA for num_experts = MOK_GEMM_MAX_EXPERTS */
@@ -127,9 +127,10 @@ mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
  * both warpgroups (1, the default) or run on one. Process-wide. */
 mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
-/* Benchmarks: the raster group of the row-grouped kinds, in row tiles of one expert (the
- * default 8; 1 << 20 = plain output-block-major order). Process-wide. */
-mokResult_t mok_gemm_debug_raster(int row_tiles);
+/* Benchmarks: the raster group of the row-grouped kinds, in row tiles of one expert (0 =
+ * the default 8; 1 << 20 = plain output-block-major order), and the most 16-row units of a
+ * forward token tile (0 = the default 11, i.e. 176 rows). Process-wide. */
+mokResult_t mok_gemm_debug_tiles(int raster, int tok_units);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

@@ -27,7 +27,7 @@ MOK_TEST(gemm_tile_rule) {
   mokGemmTileShape_t s;
   /* forward gate+up and down: token tiles where the weight side divides into whole tiles */
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 7168, 2048, &s));
-  CHECK(s.token == 1 && s.bm == 256 && s.bn == 160 && s.out_cols == 128 && s.bk == 64 && s.stages == 4);
+  CHECK(s.token == 1 && s.bm == 256 && s.bn == 176 && s.out_cols == 128 && s.bk == 64 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 7168, 2048, &s));
   CHECK(s.token == 1 && s.bm == 256 && s.out_cols == 256 && s.stages == 4);
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 2880, 2880, &s)); /* I = 2880: 22.5 x 128 */
@@ -97,8 +97,9 @@ MOK_TEST(gemm_validation) {
  * gemm_decode_tile walks a cursor over the segment offsets; here it runs on the host and
  * must list exactly the tiles of a brute-force enumeration (experts in order; in an expert,
  * groups of `raster` m-blocks, in a group n-block major, m-block minor; 128-row m-blocks,
- * the last one of a segment maybe 64 rows; or token tiles of 32-160 rows over the whole
- * segment or, with expert counts, over the routed rows rounded up to 32, the last tile
+ * the last one of a segment maybe 64 rows; or token tiles of 16-row units, at most
+ * tok_units of them, over the whole segment or, with expert counts, over the routed rows
+ * rounded up to 16, the last tile
  * owning the zero rows after them), in order, in a persistent CTA's strided order, and in
  * random order (the cursor walks either way). */
 template <int KIND, int BN, int TOK = 0>
@@ -125,6 +126,7 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   a.expert_count = with_counts ? cnt : NULL;
   static const int kRasters[5] = {1, 2, 3, 8, 1 << 20};
   a.raster = kRasters[rng_next(r) % 5];
+  a.tok_units = rng_next(r) % 3 ? 11 : 1 + (int)(rng_next(r) % 11);
   a.num_experts = E;
   a.n_out = 64 * (1 + (int)(rng_next(r) % 40));
   a.k_len = 64 * (1 + (int)(rng_next(r) % 8));
@@ -135,24 +137,25 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   for (int e = 0; e < E; ++e) {
     const int seg = off[e + 1] - off[e];
     /* rows the token tiles cover: the segment, or its routed rows (at least 1, at most
-     * seg) rounded up to 32 */
+     * seg) rounded up to 16 */
     int rows = seg;
     if (with_counts && seg > 0) {
       rows = cnt[e] < 1 ? 1 : cnt[e] > seg ? seg : cnt[e];
-      rows = (rows + 31) / 32 * 32;
+      rows = (rows + 15) / 16 * 16;
     }
-    /* token tiles, brute force: ceil(units / 5) tiles of 32-row units, each taking
-     * ceil(units left / tiles left), so sizes differ by <= 32 rows, larger first */
-    int tok_n = 0, tok_off[512], tok_nt[512];
-    for (int u = rows / 32, left = u, i = 0, tn = (u + 4) / 5; i < tn; ++i) {
+    /* token tiles, brute force: ceil(units / tok_units) tiles of 16-row units, each
+     * taking ceil(units left / tiles left), so sizes differ by <= 16 rows, larger first */
+    int tok_n = 0, tok_off[2600], tok_nt[2600];
+    for (int u = rows / 16, left = u, i = 0, tn = (u + a.tok_units - 1) / a.tok_units; i < tn; ++i) {
       const int take = (left + (tn - i) - 1) / (tn - i);
-      tok_off[i] = 32 * (u - left);
-      tok_nt[i] = 32 * take;
+      tok_off[i] = 16 * (u - left);
+      tok_nt[i] = 16 * take;
       left -= take;
       tok_n = tn;
     }
     for (int i = 0; i < tok_n; ++i)
-      if (tok_nt[i] < (with_counts ? 32 : 64) || tok_nt[i] > 160 || (i && tok_nt[i] > tok_nt[i - 1]))
+      if (tok_nt[i] < 16 || tok_nt[i] > 16 * a.tok_units || (i && tok_nt[i] > tok_nt[i - 1]) ||
+          (!with_counts && a.tok_units == 11 && tok_nt[i] < 64))
         return snprintf(why, n, "token split of %d rows: tile %d has %d rows", rows, i, tok_nt[i]), 0;
     const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : TOK ? tok_n : (seg + 127) / 128;
     const int raster = KindTraits<KIND>::kWgrad ? 1 << 30 : a.raster; /* wgrad: no groups */
@@ -489,19 +492,21 @@ MOK_GPU_TEST(gemm_gpu_awkward_rows, 1) {
 }
 
 MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
-  /* forward gate+up (I = 256) and down (H = 512) on token tiles. Without expert counts:
-   * segments of 0, 64, 192, 320, 448, 128, 1024, 64 and 384 rows -> tiles of 64, 96 + 96,
-   * 160 + 160, 160 + 160 + 128, 128, 7 x ~146, 64, 3 x 128. With counts (routed rows
-   * rounded up to 32): 32, 160, 320, 448, 96, 1024, 64, 352 -> 32, 160, 160 + 160, 160 +
-   * 160 + 128, 96, 7 x ~146, 64, 128 + 128 + 96, and the rows past them written as zeros
-   * (the outputs start as NaN poison). The backward kinds then read what they wrote. */
-  static const int counts[9] = {0, 1, 130, 300, 420, 77, 1000, 64, 341};
+  /* forward gate+up (I = 256) and down (H = 512) on token tiles of every width. With
+   * expert counts the tiles cover the routed rows rounded up to 16: 1 -> 16, 20 -> 32,
+   * 40 -> 48, 64, 70 -> 80, 90 -> 96, 100 -> 112, 128, 140 -> 144, 150 -> 160, 170 -> 176,
+   * 341 -> 176 + 176, 300 -> 160 + 144, 1000 -> 6 tiles of 160-176, and the rest of each
+   * segment is written as zeros (the outputs start as NaN poison). Without counts they
+   * cover the segments (multiples of 64): 64, 64, 64, 64, 128, 128, 128, 128, 192 -> 96 +
+   * 96, 192, 192, 384 -> 3 x 128, 320 -> 160 + 160, 1024 -> 6 x 160-176. The backward
+   * kinds then read what they wrote. */
+  static const int counts[15] = {0, 1, 20, 40, 64, 70, 90, 100, 128, 140, 150, 170, 341, 300, 1000};
   mokGemmTileShape_t s1, s2;
   CHECK_OK(mok_gemm_tile_shape(mokGemmGateUpFwd, 512, 256, &s1));
   CHECK_OK(mok_gemm_tile_shape(mokGemmDownFwd, 512, 256, &s2));
   CHECK_MSG(s1.token && s2.token, "the shape does not select token tiles");
   for (int no_counts = 0; no_counts < 2; ++no_counts) {
-    gemm_case c = {9, 512, 256, counts, 0.0f, 24, 32, no_counts};
+    gemm_case c = {15, 512, 256, counts, 0.0f, 24, 32, no_counts};
     const char *err = run_case(&c, test_seed() ^ 0x70c ^ (uint64_t)no_counts);
     CHECK_MSG(err == NULL, "%s expert counts: %s", no_counts ? "without" : "with", err);
   }

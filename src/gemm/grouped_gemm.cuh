@@ -120,6 +120,7 @@ struct GemmTileArgs {
   int num_experts;
   int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
                      tiles, every output block of a group before the next group */
+  int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
   int k_len;      /* reduction length of row-grouped kinds: H, I, H, 2I */
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
@@ -196,7 +197,7 @@ struct TileCoord {
   int n0;       /* first output column */
   int k0;       /* wgrad: first schedule row of the expert */
   int k_blocks; /* BK-wide steps of the reduction */
-  int nt;       /* token tiles: its rows (32 .. 160); 0 for the 128-row tiles */
+  int nt;       /* token tiles: its rows (16 .. 176); 0 for the 128-row tiles */
   int z_end;    /* token tiles: rows [m_end, z_end) are padding this tile writes as zeros */
 };
 
@@ -255,17 +256,21 @@ __host__ __device__ __forceinline__ int32_t sched_ld(const int32_t *p) {
 
 /* ---- token tiles (forward gate+up and down) -------------------------------------------
  * The rows are the wgmma N side: the rows of a segment the tiles cover (all seg rows, or
- * with expert counts the routed rows rounded up to 32: tok_rows) are cut into
- * ceil(rows / 160) tiles of 32-row units, as even as can be (320 -> 160 + 160, 352 -> 128
- * + 128 + 96, 448 -> 160 + 160 + 128, 192 -> 96 + 96, 32 -> 32), so no tile is a mostly
- * empty remainder of a fixed grid; the weights are the M side, 256 rows a tile (gate+up:
- * 128 outputs as [64 gate | 64 up] x 2; down: 256 outputs). */
-constexpr int kTokMax = 160;
-constexpr int kTokUnit = 32;
-__host__ __device__ __forceinline__ int tok_tiles(int seg) { return (seg / kTokUnit + 4) / 5; }
-/* tile i of a segment: first row off (from the segment start), nt rows */
-__host__ __device__ __forceinline__ void tok_tile(int seg, int i, int &off, int &nt) {
-  const int u = seg / kTokUnit, n = (u + 4) / 5, q = u / n, r = u - q * n;
+ * with expert counts the routed rows rounded up to 16: tok_rows) are cut into
+ * ceil(rows / 176) tiles of 16-row units (at most a.tok_units units a tile), as even as
+ * can be (341 routed rows -> 176 + 176, 320 -> 160 + 160, 512 -> 176 + 176 + 160, 192 ->
+ * 96 + 96, 16 -> 16), so tiles of an expert cost the same and none is a mostly empty
+ * remainder of a fixed grid; the weights are the M side, 256 rows a tile (gate+up: 128
+ * outputs as [64 gate | 64 up] x 2; down: 256 outputs). */
+constexpr int kTokUnit = 16;
+constexpr int kTokMaxUnits = 11;
+constexpr int kTokMax = kTokUnit * kTokMaxUnits; /* 176 */
+__host__ __device__ __forceinline__ int tok_tiles(int rows, int max_units) {
+  return (rows / kTokUnit + max_units - 1) / max_units;
+}
+/* tile i of rows: first row off (from the segment start), nt rows */
+__host__ __device__ __forceinline__ void tok_tile(int rows, int max_units, int i, int &off, int &nt) {
+  const int u = rows / kTokUnit, n = (u + max_units - 1) / max_units, q = u / n, r = u - q * n;
   off = kTokUnit * (i * q + (i < r ? i : r));
   nt = kTokUnit * (q + (i < r ? 1 : 0));
 }
@@ -288,8 +293,8 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
 }
 /* Tiles of the cursor's expert per output block. */
 template <int TOK>
-__host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu) {
-  return TOK ? tok_tiles(cu.n) : (cu.o1 - cu.o0 + kBM - 1) / kBM;
+__host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, int tok_units) {
+  return TOK ? tok_tiles(cu.n, tok_units) : (cu.o1 - cu.o0 + kBM - 1) / kBM;
 }
 template <int KIND>
 __host__ __device__ __forceinline__ int tok_out_cols() {
@@ -325,11 +330,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
       }
       --cu.e;
-      cu.first -= cursor_row_tiles<TOK>(cu) * n_tiles;
+      cu.first -= cursor_row_tiles<TOK>(cu, a.tok_units) * n_tiles;
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = cursor_row_tiles<TOK>(cu) * n_tiles;
+      const int tiles = cursor_row_tiles<TOK>(cu, a.tok_units) * n_tiles;
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if (++cu.e < a.num_experts) {
@@ -342,7 +347,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
      * share a weight block), every output block before the next group, so a hot
      * expert's weights stay in L2 while its rows stream once (an expert of <= raster
      * row tiles: plain output-block-major order) */
-    const int mt = cursor_row_tiles<TOK>(cu), r = t - cu.first;
+    const int mt = cursor_row_tiles<TOK>(cu, a.tok_units), r = t - cu.first;
     const int gsz = a.raster * n_tiles, grp = r / gsz, w = r - grp * gsz, g0 = grp * a.raster;
     const int rows_g = mt - g0 < a.raster ? mt - g0 : a.raster;
     const int nb = w / rows_g, mb = g0 + (w - nb * rows_g);
@@ -352,7 +357,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     c.k_blocks = a.k_len / kBK;
     if (TOK) {
       int off, nt;
-      tok_tile(cu.n, mb, off, nt);
+      tok_tile(cu.n, a.tok_units, mb, off, nt);
       c.m0 = cu.o0 + off;
       c.m_end = c.m0 + nt;
       c.nt = nt;
@@ -784,7 +789,8 @@ template <int KIND>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
   static constexpr int kStageBytes = kWBytes + kTokMax * 128;
-  static constexpr int kEpiBytes = 2 * kStgBytes;
+  static constexpr int kEpiWgBytes = 4096; /* a consumer warpgroup's staging: two 16-row halves */
+  static constexpr int kEpiBytes = 2 * kEpiWgBytes;
   static constexpr int kBarBytes = 512;
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
@@ -826,19 +832,15 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
   return true;
 }
 
-/* The epilogue works in 32-row pieces: each consumer warpgroup's 8 KB staging chunk is
- * two 4 KB halves used in turn (a half is rewritten once the store two pieces back has
- * read it), so staging a piece overlaps the store of the one before. */
-/* Writes 32 rows x 64 outputs into a staging half as [rows x 64 outputs]: v[jj][h] =
+/* The epilogue works in 16-row pieces: each consumer warpgroup's 4 KB staging is two 2 KB
+ * halves used in turn (a half is rewritten once the store two pieces back has read it),
+ * so staging a piece overlaps the store of the one before. */
+/* Writes 16 rows x 64 outputs into a staging half as [rows x 64 outputs]: v[jj][h] =
  * packed (output row half h of the warp's 16 rows, row group jj of 8 rows). */
-__device__ __forceinline__ void stage_bf16_trans32(uint32_t half, const uint32_t (&v)[4][2]) {
+__device__ __forceinline__ void stage_bf16_trans16(uint32_t half, const uint32_t (&v)[2][2]) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, s = lane >> 3;
-#pragma unroll
-  for (int jp = 0; jp < 2; ++jp) {
-    const int row = 8 * (2 * jp + (s >> 1)) + (lane & 7);
-    stmatrix_x4_trans(stg_addr(half, row, 2 * warp + (s & 1)), v[2 * jp][0], v[2 * jp][1], v[2 * jp + 1][0],
-                      v[2 * jp + 1][1]);
-  }
+  const int row = 8 * (s >> 1) + (lane & 7);
+  stmatrix_x4_trans(stg_addr(half, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
 }
 
 template <int KIND, int NT>
@@ -855,21 +857,21 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
     for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
       if (pass > 0 && !a.save_gu) break;
 #pragma unroll
-      for (int q = 0; q < NT / kTokUnit; ++q) { /* rows 32q .. 32q + 31 of the tile */
-        uint32_t v[4][2];
+      for (int q = 0; q < NT / kTokUnit; ++q) { /* rows 16q .. 16q + 15 of the tile */
+        uint32_t v[2][2];
 #pragma unroll
-        for (int jj = 0; jj < 4; ++jj)
+        for (int jj = 0; jj < 2; ++jj)
 #pragma unroll
           for (int h = 0; h < 2; ++h) {
-            const int j = 4 * q + jj;
+            const int j = 2 * q + jj;
             v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
                                                         acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
                                           : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
           }
-        const uint32_t half = chunk + st.buf * (kStgBytes / 2);
+        const uint32_t half = chunk + st.buf * (TokConfig<KIND>::kEpiWgBytes / 2);
         if (leader) bulk_wait_group_read<1>();
         wg_sync(wg);
-        stage_bf16_trans32(half, v);
+        stage_bf16_trans16(half, v);
         fence_proxy_async_shared();
         wg_sync(wg);
         if (leader) {
@@ -882,11 +884,10 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
     }
   }
   if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed half */
-    const uint32_t half = chunk + st.buf * (kStgBytes / 2);
+    const uint32_t half = chunk + st.buf * (TokConfig<KIND>::kEpiWgBytes / 2);
     if (leader) bulk_wait_group_read<1>();
     wg_sync(wg);
-    st_shared_zero16(half + (threadIdx.x & 127) * 32);
-    st_shared_zero16(half + (threadIdx.x & 127) * 32 + 16);
+    st_shared_zero16(half + (threadIdx.x & 127) * 16);
     fence_proxy_async_shared();
     wg_sync(wg);
     if (leader) {
@@ -947,7 +948,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   wgmma_wait_group<0>();
   reg_fence_all(acc0, acc1);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
-  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * kStgBytes), st, wg, acc0, acc1);
+  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * TC::kEpiWgBytes), st, wg, acc0, acc1);
 }
 
 /* One token tile, both consumer warpgroups (wg = 0, 1). */
@@ -956,11 +957,17 @@ __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char
                                  WaitCtx &w, int wg) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
+    case 16: tok_consume_nt<KIND, 16>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 32: tok_consume_nt<KIND, 32>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 48: tok_consume_nt<KIND, 48>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 80: tok_consume_nt<KIND, 80>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 112: tok_consume_nt<KIND, 112>(a, c, smem, p, st, w, wg, k_blocks); break;
     case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, st, w, wg, k_blocks); break;
-    default: tok_consume_nt<KIND, 160>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 144: tok_consume_nt<KIND, 144>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 160: tok_consume_nt<KIND, 160>(a, c, smem, p, st, w, wg, k_blocks); break;
+    default: tok_consume_nt<KIND, 176>(a, c, smem, p, st, w, wg, k_blocks); break;
   }
 }
 
