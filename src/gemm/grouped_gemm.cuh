@@ -785,12 +785,12 @@ __device__ __forceinline__ void gemm_consumer_finish() {
  * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
  * thread). Its epilogue writes [32 rows x 64 outputs] pieces through stmatrix.trans and
  * stores each by TMA (the output maps of token launches have 32-row boxes). */
+constexpr int kTokBufBytes = 96 * 128; /* an epilogue buffer: 96 rows x 64 outputs, bf16 */
 template <int KIND>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
   static constexpr int kStageBytes = kWBytes + kTokMax * 128;
-  static constexpr int kEpiWgBytes = 4096; /* a consumer warpgroup's staging: two 16-row halves */
-  static constexpr int kEpiBytes = 2 * kEpiWgBytes;
+  static constexpr int kEpiBytes = 0; /* the epilogue stages in the tile's last stage */
   static constexpr int kBarBytes = 512;
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
@@ -799,6 +799,8 @@ struct TokConfig {
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
+  static_assert(2 * kTokBufBytes <= kStageBytes / 2 && (kStageBytes / 2) % 1024 == 0,
+                "epilogue buffers: half a stage each consumer warpgroup");
   static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
@@ -832,22 +834,28 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
   return true;
 }
 
-/* The epilogue works in 16-row pieces: each consumer warpgroup's 4 KB staging is two 2 KB
- * halves used in turn (a half is rewritten once the store two pieces back has read it),
- * so staging a piece overlaps the store of the one before. */
-/* Writes 16 rows x 64 outputs into a staging half as [rows x 64 outputs]: v[jj][h] =
- * packed (output row half h of the warp's 16 rows, row group jj of 8 rows). */
-__device__ __forceinline__ void stage_bf16_trans16(uint32_t half, const uint32_t (&v)[2][2]) {
+/* The epilogue stages its outputs in the tile's last pipeline stage, which the consumers
+ * release only after the stores have read it (the producer meanwhile fills the other
+ * stages with the next tile): each consumer warpgroup has half a stage, two 12 KB buffers
+ * of up to 96 rows x 64 outputs used in turn (a buffer is rewritten once the store two
+ * pieces back has read it). An output block of a tile (64 outputs, NT rows) is one or
+ * two pieces (176 rows -> 96 + 80), written by stmatrix.trans in 16-row groups and stored
+ * by TMA in 16-row boxes: a gate+up tile of 176 rows takes 6 pieces, not 33 syncs. */
+/* Writes 16 rows x 64 outputs at buf as [rows x 64 outputs]: v[jj][h] = packed (output
+ * row half h of the warp's 16 rows, row group jj of 8 rows). */
+__device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t (&v)[2][2]) {
   const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, s = lane >> 3;
   const int row = 8 * (s >> 1) + (lane & 7);
-  stmatrix_x4_trans(stg_addr(half, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
+  stmatrix_x4_trans(stg_addr(buf, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
 }
 
 template <int KIND, int NT>
-__device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t chunk, EpiState &st,
-                                             int wg, const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
+__device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
+                                             const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
+  constexpr int kUnits = NT / kTokUnit, kP0 = kUnits > 6 ? (kUnits + 1) / 2 : kUnits; /* units of piece 0 */
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
+  int buf = 0;
 #pragma unroll
   for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
     const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
@@ -857,37 +865,41 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
     for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
       if (pass > 0 && !a.save_gu) break;
 #pragma unroll
-      for (int q = 0; q < NT / kTokUnit; ++q) { /* rows 16q .. 16q + 15 of the tile */
-        uint32_t v[2][2];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int j = 2 * q + jj;
-            v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
-                                                        acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
-                                          : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-          }
-        const uint32_t half = chunk + st.buf * (TokConfig<KIND>::kEpiWgBytes / 2);
+      for (int piece = 0; piece < (kP0 < kUnits ? 2 : 1); ++piece) {
+        const uint32_t b = region + buf * kTokBufBytes;
         if (leader) bulk_wait_group_read<1>();
         wg_sync(wg);
-        stage_bf16_trans16(half, v);
+#pragma unroll
+        for (int q = piece ? kP0 : 0; q < (piece ? kUnits : kP0); ++q) { /* rows 16q .. 16q + 15 */
+          uint32_t v[2][2];
+#pragma unroll
+          for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+            for (int h = 0; h < 2; ++h) {
+              const int j = 2 * q + jj;
+              v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
+                                                          acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
+                                            : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+            }
+          stage_bf16_trans16(b + (q - (piece ? kP0 : 0)) * kTokUnit * 128, v);
+        }
         fence_proxy_async_shared();
         wg_sync(wg);
         if (leader) {
-          tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, half, pass == 2 ? a.n_out + col : col,
-                       c.m0 + kTokUnit * q);
+          for (int q = piece ? kP0 : 0; q < (piece ? kUnits : kP0); ++q)
+            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - (piece ? kP0 : 0)) * kTokUnit * 128,
+                         pass == 2 ? a.n_out + col : col, c.m0 + kTokUnit * q);
           bulk_commit_group();
         }
-        st.buf ^= 1;
+        buf ^= 1;
       }
     }
   }
-  if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed half */
-    const uint32_t half = chunk + st.buf * (TokConfig<KIND>::kEpiWgBytes / 2);
+  if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed piece */
+    const uint32_t b = region + buf * kTokBufBytes;
     if (leader) bulk_wait_group_read<1>();
     wg_sync(wg);
-    st_shared_zero16(half + (threadIdx.x & 127) * 16);
+    st_shared_zero16(b + (threadIdx.x & 127) * 16); /* 16 rows x 128 bytes */
     fence_proxy_async_shared();
     wg_sync(wg);
     if (leader) {
@@ -896,12 +908,12 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         if (col >= a.n_out) break;
         for (int pass = 0; pass < (KIND == kGateUpFwd ? (a.save_gu ? 3 : 1) : 1); ++pass)
           for (int row = c.m_end; row < c.z_end; row += kTokUnit)
-            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, half, pass == 2 ? a.n_out + col : col, row);
+            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b, pass == 2 ? a.n_out + col : col, row);
       }
       bulk_commit_group();
     }
-    st.buf ^= 1;
   }
+  if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
 }
 
 /* reg_fence on every accumulator of both m64 blocks (keeps the compiler from moving their
@@ -947,8 +959,9 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
   wgmma_wait_group<0>();
   reg_fence_all(acc0, acc1);
+  /* the last stage (its wgmma reads done) stages the epilogue, then goes back */
+  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kStageBytes / 2)), wg, acc0, acc1);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
-  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + TC::kEpiOffset + wg * TC::kEpiWgBytes), st, wg, acc0, acc1);
 }
 
 /* One token tile, both consumer warpgroups (wg = 0, 1). */
