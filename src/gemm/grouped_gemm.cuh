@@ -959,7 +959,9 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
   wgmma_wait_group<0>();
   reg_fence_all(acc0, acc1);
-  /* the last stage (its wgmma reads done) stages the epilogue, then goes back */
+  /* the last stage stages the epilogue, then goes back: both warpgroups' wgmmas must be
+   * done reading it (one warpgroup's half holds rows the other multiplies) */
+  named_barrier_sync<3>(256u);
   tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kStageBytes / 2)), wg, acc0, acc1);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
 }
