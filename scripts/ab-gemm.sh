@@ -8,11 +8,12 @@ exec > >(tee -a "$OUT/log") 2>&1
 BASE=${BASE:-.ab/base}
 ITERS=${ITERS:-20}
 KINDS=${KINDS:-gateup,down}
-( make -j8 all > "$OUT/build-a.log" 2>&1 || echo "A build failed" ) &
-( cd "$BASE" && make -j8 build/mok > "$OUT/build-b.log" 2>&1 || echo "B build failed" ) &
-wait
+# (wait on the two builds by pid: a bare `wait` also waits for the tee above, forever)
+( make -j8 all > "$OUT/build-a.log" 2>&1 || echo "A build failed" ) & pa=$!
+( cd "$BASE" && make -j8 build/mok > "$OUT/build-b.log" 2>&1 || echo "B build failed" ) & pb=$!
+wait $pa $pb
 [ -x build/mok ] && [ -x "$BASE/build/mok" ] || { tail -5 "$OUT"/build-*.log; exit 1; }
-if [ -n "$TESTS" ]; then make -j16 build/mok_tests >/dev/null 2>&1; timeout 240 build/mok_tests $TESTS 2>&1 | grep -v "^ok"; fi
+if [ -n "$TESTS" ]; then make -j16 build/mok_tests >/dev/null 2>&1; timeout 100 build/mok_tests $TESTS 2>&1 | grep -v "^ok"; fi
 J=/tmp/ab-json; rm -rf $J; mkdir -p $J
 for cfg in "$@"; do
   tag=${cfg%%:*}; opts=${cfg#*:}

@@ -1104,8 +1104,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     for (;;) {
       w.tile = (uint32_t)sp.stage;
       const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
-      /* the warpgroup leaves together (its named barrier) when any of its threads failed */
-      const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
+      /* both consumer warpgroups leave together (one named barrier) when any of their
+       * threads failed: a token tile syncs the two before its epilogue */
+      const bool stop = named_barrier_or<3>(256u, !ok);
       if (stop) break;
       const volatile int *o = slot + kSlotInts * sp.stage;
       const int t = o[0];
