@@ -321,10 +321,11 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
-  const uint32_t out_box = ts.token ? kTokUnit : 64; /* token tiles store 16-row boxes */
+  const uint32_t out_box = ts.token ? 32 : 64; /* token tiles: 32-row boxes (and 16 below) */
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
-  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, kTokUnit, "x"));
+  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, 32, "x"));
+  MOK_CHECK(make_map(&a.tm_tok16, x, hidden, rows->capacity, 16, "x"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
   a.n_out = inter;
@@ -333,6 +334,11 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(make_map(&a.tm_out0, act, inter, rows->capacity, out_box, "act"));
   if (gu) MOK_CHECK(make_map(&a.tm_out1, gu, 2 * (uint64_t)inter, rows->capacity, out_box, "gu"));
   else a.tm_out1 = a.tm_out0;
+  if (ts.token) {
+    MOK_CHECK(make_map(&a.tm_out0h, act, inter, rows->capacity, 16, "act"));
+    if (gu) MOK_CHECK(make_map(&a.tm_out1h, gu, 2 * (uint64_t)inter, rows->capacity, 16, "gu"));
+    else a.tm_out1h = a.tm_out0h;
+  }
   a.tm_aux = a.tm_out0;
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
@@ -353,13 +359,16 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
   MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
-  MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, kTokUnit, "act"));
+  MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, 32, "act"));
+  MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
   a.n_out = hidden;
   a.k_len = inter;
   a.b_rows = hidden;
-  MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, ts.token ? kTokUnit : 64, "y"));
+  MOK_CHECK(make_map(&a.tm_out0, y, hidden, rows->capacity, ts.token ? 32 : 64, "y"));
+  if (ts.token) MOK_CHECK(make_map(&a.tm_out0h, y, hidden, rows->capacity, 16, "y"));
+  a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);

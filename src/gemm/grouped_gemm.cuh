@@ -115,6 +115,9 @@ struct GemmTileArgs {
   CUtensorMap tm_aux;  /* loads: gu (down dgrad), box 64 x 64 */
   CUtensorMap tm_a64;  /* row-grouped kinds: A with a 64-row box (tail tiles load only their rows) */
   CUtensorMap tm_tok;  /* token tiles: the rows operand with a 32-row box */
+  CUtensorMap tm_tok16;  /* token tiles: the same with a 16-row box (a tile's odd unit) */
+  CUtensorMap tm_out0h;  /* token tiles: tm_out0 / tm_out1 (32-row boxes there) with */
+  CUtensorMap tm_out1h;  /* 16-row boxes */
   const int32_t *expert_offset; /* [E_l + 1] */
   const int32_t *expert_count;  /* [E_l] routed rows of each expert, or NULL (token tiles) */
   int num_experts;
@@ -828,7 +831,8 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     } else {
       tma_load_2d(sw, &a.tm_b0, bar, kk, row); /* W_down rows n0 .. n0+256, one box */
     }
-    for (int b = 0; b < c.nt / kTokUnit; ++b) tma_load_2d(st + b * kTokUnit * 128, &a.tm_tok, bar, kk, c.m0 + kTokUnit * b);
+    for (int b = 0; b < c.nt / 32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
+    if (c.nt & 16) tma_load_2d(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16);
     pipe_advance<TC::kStages>(p);
   }
   return true;
@@ -852,7 +856,9 @@ __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t 
 template <int KIND, int NT>
 __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
                                              const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
-  constexpr int kUnits = NT / kTokUnit, kP0 = kUnits > 6 ? (kUnits + 1) / 2 : kUnits; /* units of piece 0 */
+  /* 16-row units of the tile and of its first piece (an even number: only the last piece
+   * may end in a 16-row box) */
+  constexpr int kUnits = NT / kTokUnit, kP0 = kUnits > 6 ? (kUnits + 3) / 4 * 2 : kUnits;
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = 0;
@@ -886,9 +892,12 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         fence_proxy_async_shared();
         wg_sync(wg);
         if (leader) {
-          for (int q = piece ? kP0 : 0; q < (piece ? kUnits : kP0); ++q)
-            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - (piece ? kP0 : 0)) * kTokUnit * 128,
-                         pass == 2 ? a.n_out + col : col, c.m0 + kTokUnit * q);
+          const int q0 = piece ? kP0 : 0, q1 = piece ? kUnits : kP0, x = pass == 2 ? a.n_out + col : col;
+          for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
+            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
+          if ((q1 - q0) & 1)
+            tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b + (q1 - 1 - q0) * kTokUnit * 128, x,
+                         c.m0 + kTokUnit * (q1 - 1));
           bulk_commit_group();
         }
         buf ^= 1;
@@ -908,7 +917,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         if (col >= a.n_out) break;
         for (int pass = 0; pass < (KIND == kGateUpFwd ? (a.save_gu ? 3 : 1) : 1); ++pass)
           for (int row = c.m_end; row < c.z_end; row += kTokUnit)
-            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b, pass == 2 ? a.n_out + col : col, row);
+            tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b, pass == 2 ? a.n_out + col : col, row);
       }
       bulk_commit_group();
     }
@@ -1068,6 +1077,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       tma_prefetch_descriptor(&a.tm_b0);
       tma_prefetch_descriptor(&a.tm_b1);
       tma_prefetch_descriptor(TOK ? &a.tm_tok : &a.tm_a64);
+      if (TOK) tma_prefetch_descriptor(&a.tm_tok16);
       /* the cursor lives in shared memory (after the slots): the producer runs on 40
        * registers */
       GemmCursor &cu = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
