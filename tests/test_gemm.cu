@@ -143,10 +143,13 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
       rows = cnt[e] < 1 ? 1 : cnt[e] > seg ? seg : cnt[e];
       rows = (rows + 15) / 16 * 16;
     }
-    /* token tiles, brute force: ceil(units / tok_units) tiles of 16-row units, each
-     * taking ceil(units left / tiles left), so sizes differ by <= 16 rows, larger first */
+    /* token tiles, brute force: ceil(units / tok_units) tiles of 16-row units, or one
+     * more if that makes them equal, each taking ceil(units left / tiles left), so sizes
+     * differ by <= 16 rows, larger first */
     int tok_n = 0, tok_off[2600], tok_nt[2600];
-    for (int u = rows / 16, left = u, i = 0, tn = (u + a.tok_units - 1) / a.tok_units; i < tn; ++i) {
+    const int tu = rows / 16, tn0 = (tu + a.tok_units - 1) / a.tok_units;
+    const int tn1 = tn0 && tu % tn0 && tu % (tn0 + 1) == 0 ? tn0 + 1 : tn0;
+    for (int u = tu, left = u, i = 0, tn = tn1; i < tn; ++i) {
       const int take = (left + (tn - i) - 1) / (tn - i);
       tok_off[i] = 16 * (u - left);
       tok_nt[i] = 16 * take;
@@ -495,7 +498,7 @@ MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
   /* forward gate+up (I = 256) and down (H = 512) on token tiles of every width. With
    * expert counts the tiles cover the routed rows rounded up to 16: 1 -> 16, 20 -> 32,
    * 40 -> 48, 64, 70 -> 80, 90 -> 96, 100 -> 112, 128, 140 -> 144, 150 -> 160, 170 -> 176,
-   * 341 -> 176 + 176, 300 -> 160 + 144, 1000 -> 6 tiles of 160-176, and the rest of each
+   * 341 -> 176 + 176, 300 -> 160 + 144, 1000 -> 7 x 144, and the rest of each
    * segment is written as zeros (the outputs start as NaN poison). Without counts they
    * cover the segments (multiples of 64): 64, 64, 64, 64, 128, 128, 128, 128, 192 -> 96 +
    * 96, 192, 192, 384 -> 3 x 128, 320 -> 160 + 160, 1024 -> 6 x 160-176. The backward
