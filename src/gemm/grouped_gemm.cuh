@@ -796,7 +796,7 @@ __device__ __forceinline__ void gemm_consumer_finish() {
  * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
  * thread). Its epilogue writes [32 rows x 64 outputs] pieces through stmatrix.trans and
  * stores each by TMA (the output maps of token launches have 32-row boxes). */
-constexpr int kTokBufBytes = 96 * 128; /* an epilogue buffer: 96 rows x 64 outputs, bf16 */
+constexpr int kTokBufBytes = 64 * 128; /* an epilogue buffer: 64 rows x 64 outputs, bf16 */
 template <int KIND>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
@@ -810,8 +810,7 @@ struct TokConfig {
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
-  static_assert(2 * kTokBufBytes <= kStageBytes / 2 && (kStageBytes / 2) % 1024 == 0,
-                "epilogue buffers: half a stage each consumer warpgroup");
+  static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
   static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
@@ -846,13 +845,15 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
   return true;
 }
 
-/* The epilogue stages its outputs in the tile's last pipeline stage, which the consumers
- * release only after the stores have read it (the producer meanwhile fills the other
- * stages with the next tile): each consumer warpgroup has half a stage, two 12 KB buffers
- * of up to 96 rows x 64 outputs used in turn (a buffer is rewritten once the store two
- * pieces back has read it). An output block of a tile (64 outputs, NT rows) is one or
- * two pieces (176 rows -> 96 + 80), written by stmatrix.trans in 16-row groups and stored
- * by TMA in 16-row boxes: a gate+up tile of 176 rows takes 6 pieces, not 33 syncs. */
+/* The epilogue stages its outputs in the tile's last pipeline stage, in the 16 KB of
+ * weight rows that only this warpgroup's wgmmas read (so it need not wait for the other
+ * warpgroup, whose MMAs go on meanwhile); the stage goes back to the producer once the
+ * stores have read it (the producer fills the other stages with the next tile). The 16
+ * KB are two 8 KB buffers of up to 64 rows x 64 outputs used in turn (a buffer is
+ * rewritten once the store two pieces back has read it). An output block of a tile (64
+ * outputs, NT rows) is cut into pieces of 64 rows (176 -> 64 + 64 + 48), written by
+ * stmatrix.trans in 16-row groups and stored by TMA in 32-row boxes (and one 16-row box
+ * for a tile's odd unit). */
 /* Writes 16 rows x 64 outputs at buf as [rows x 64 outputs]: v[jj][h] = packed (output
  * row half h of the warp's 16 rows, row group jj of 8 rows). */
 __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t (&v)[2][2]) {
@@ -864,9 +865,9 @@ __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t 
 template <int KIND, int NT>
 __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
                                              const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
-  /* 16-row units of the tile and of its first piece (an even number: only the last piece
-   * may end in a 16-row box) */
-  constexpr int kUnits = NT / kTokUnit, kP0 = kUnits > 6 ? (kUnits + 3) / 4 * 2 : kUnits;
+  /* 16-row units of the tile and of its pieces (4: only the last piece may end in a
+   * 16-row box) */
+  constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = 0;
@@ -879,12 +880,13 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
     for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
       if (pass > 0 && !a.save_gu) break;
 #pragma unroll
-      for (int piece = 0; piece < (kP0 < kUnits ? 2 : 1); ++piece) {
+      for (int piece = 0; piece < kPieces; ++piece) {
+        const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
         const uint32_t b = region + buf * kTokBufBytes;
         if (leader) bulk_wait_group_read<1>();
         wg_sync(wg);
 #pragma unroll
-        for (int q = piece ? kP0 : 0; q < (piece ? kUnits : kP0); ++q) { /* rows 16q .. 16q + 15 */
+        for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
           uint32_t v[2][2];
 #pragma unroll
           for (int jj = 0; jj < 2; ++jj)
@@ -895,12 +897,12 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
                                                           acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
                                             : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
-          stage_bf16_trans16(b + (q - (piece ? kP0 : 0)) * kTokUnit * 128, v);
+          stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
         }
         fence_proxy_async_shared();
         wg_sync(wg);
         if (leader) {
-          const int q0 = piece ? kP0 : 0, q1 = piece ? kUnits : kP0, x = pass == 2 ? a.n_out + col : col;
+          const int x = pass == 2 ? a.n_out + col : col;
           for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
             tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
           if ((q1 - q0) & 1)
@@ -976,10 +978,8 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
   wgmma_wait_group<0>();
   reg_fence_all(acc0, acc1);
-  /* the last stage stages the epilogue, then goes back: both warpgroups' wgmmas must be
-   * done reading it (one warpgroup's half holds rows the other multiplies) */
-  named_barrier_sync<3>(256u);
-  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kStageBytes / 2)), wg, acc0, acc1);
+  /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
+  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2)), wg, acc0, acc1);
   if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
 }
 
@@ -1127,9 +1127,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     for (;;) {
       w.tile = (uint32_t)sp.stage;
       const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
-      /* both consumer warpgroups leave together (one named barrier) when any of their
-       * threads failed: a token tile syncs the two before its epilogue */
-      const bool stop = named_barrier_or<3>(256u, !ok);
+      /* the warpgroup leaves together (its named barrier) when any of its threads failed */
+      const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
       if (stop) break;
       const volatile int *o = slot + kSlotInts * sp.stage;
       const int t = o[0];
