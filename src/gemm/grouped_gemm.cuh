@@ -948,7 +948,7 @@ __device__ __forceinline__ void reg_fence_all(float (&x)[N], float (&y)[N]) {
 
 template <int KIND, int NT>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
-                                               EpiState &st, WaitCtx &w, int wg, int k_blocks) {
+                                               WaitCtx &w, int wg, int k_blocks) {
   using TC = TokConfig<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
@@ -985,21 +985,21 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
 
 /* One token tile, both consumer warpgroups (wg = 0, 1). */
 template <int KIND>
-__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, EpiState &st,
-                                 WaitCtx &w, int wg) {
+__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
+                                 int wg) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 16: tok_consume_nt<KIND, 16>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 32: tok_consume_nt<KIND, 32>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 48: tok_consume_nt<KIND, 48>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 80: tok_consume_nt<KIND, 80>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 112: tok_consume_nt<KIND, 112>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 144: tok_consume_nt<KIND, 144>(a, c, smem, p, st, w, wg, k_blocks); break;
-    case 160: tok_consume_nt<KIND, 160>(a, c, smem, p, st, w, wg, k_blocks); break;
-    default: tok_consume_nt<KIND, 176>(a, c, smem, p, st, w, wg, k_blocks); break;
+    case 16: tok_consume_nt<KIND, 16>(a, c, smem, p, w, wg, k_blocks); break;
+    case 32: tok_consume_nt<KIND, 32>(a, c, smem, p, w, wg, k_blocks); break;
+    case 48: tok_consume_nt<KIND, 48>(a, c, smem, p, w, wg, k_blocks); break;
+    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, w, wg, k_blocks); break;
+    case 80: tok_consume_nt<KIND, 80>(a, c, smem, p, w, wg, k_blocks); break;
+    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, w, wg, k_blocks); break;
+    case 112: tok_consume_nt<KIND, 112>(a, c, smem, p, w, wg, k_blocks); break;
+    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, w, wg, k_blocks); break;
+    case 144: tok_consume_nt<KIND, 144>(a, c, smem, p, w, wg, k_blocks); break;
+    case 160: tok_consume_nt<KIND, 160>(a, c, smem, p, w, wg, k_blocks); break;
+    default: tok_consume_nt<KIND, 176>(a, c, smem, p, w, wg, k_blocks); break;
   }
 }
 
@@ -1138,7 +1138,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       pipe_advance<kSchedSlots>(sp);
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */
       w.tile = (uint32_t)t;
-      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, st, w, wg - 1);
+      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, w, wg - 1);
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
     gemm_consumer_finish();
