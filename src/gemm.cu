@@ -189,6 +189,7 @@ static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tic
 static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
 static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
+static int g_mix = 0;                  /* token tiles under tickets: mix order (off) */
 
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
@@ -203,7 +204,8 @@ extern "C" mokResult_t mok_gemm_debug_sched(int mode, int split_tail) {
   return mokSuccess;
 }
 
-extern "C" mokResult_t mok_gemm_debug_tiles(int raster, int tok_units) {
+extern "C" mokResult_t mok_gemm_debug_tiles(int raster, int tok_units, int mix) {
+  if (mix < 0 || mix > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_tiles: mix = %d", mix);
   if (raster < 0 || raster > (1 << 20))
     return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_tiles: raster = %d, must be in [0, 2^20]", raster);
   if (tok_units < 0 || tok_units > kTokMaxUnits)
@@ -211,6 +213,7 @@ extern "C" mokResult_t mok_gemm_debug_tiles(int raster, int tok_units) {
                      kTokMaxUnits);
   __atomic_store_n(&g_raster, raster ? raster : 8, __ATOMIC_RELAXED);
   __atomic_store_n(&g_tok_units, tok_units ? tok_units : kTokMaxUnits, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_mix, mix == 1, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -298,6 +301,7 @@ static GemmTileArgs base_args(const mokGemmRows_t *rows) {
   a.num_experts = rows->num_experts;
   a.raster = __atomic_load_n(&g_raster, __ATOMIC_RELAXED);
   a.tok_units = __atomic_load_n(&g_tok_units, __ATOMIC_RELAXED);
+  a.mix = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
   return a;
 }
 

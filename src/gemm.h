@@ -128,9 +128,11 @@ mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
  * both warpgroups (1, the default) or run on one. Process-wide. */
 mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
 /* Benchmarks: the raster group of the row-grouped kinds, in row tiles of one expert (0 =
- * the default 8; 1 << 20 = plain output-block-major order), and the most 16-row units of a
- * forward token tile (0 = the default 11, i.e. 176 rows). Process-wide. */
-mokResult_t mok_gemm_debug_tiles(int raster, int tok_units);
+ * the default 8; 1 << 20 = plain output-block-major order), the most 16-row units of a
+ * forward token tile (0 = the default 11, i.e. 176 rows), and the mix order of token tiles
+ * under tickets (grouped_gemm.cuh mix_tile; 0 = the default (off), 1 = on, 2 = off).
+ * Process-wide. */
+mokResult_t mok_gemm_debug_tiles(int raster, int tok_units, int mix);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

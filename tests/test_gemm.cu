@@ -133,6 +133,7 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   a.m_w = 64 * (1 + (int)(rng_next(r) % 6));
   const int oc = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>(), n_tiles = (a.n_out + oc - 1) / oc;
   static TileCoord want[kMaxTiles];
+  static unsigned char single[kMaxTiles]; /* token tiles: the tile's expert has one tile per output block */
   int total = 0;
   for (int e = 0; e < E; ++e) {
     const int seg = off[e + 1] - off[e];
@@ -180,6 +181,7 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
           c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
           c.z_end = c.m_end;
         }
+        single[total] = mt == 1;
         want[total++] = c;
       }
   }
@@ -213,6 +215,28 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     const int t = (int)(rng_next(r) % (uint64_t)total);
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
       return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
+  }
+  if (TOK && total > 0) { /* mix order: the single-tile experts' tiles merged evenly into the others' */
+    int C = 0;
+    for (int t = 0; t < total; ++t) C += single[t];
+    static TileCoord list[2][kMaxTiles], merged[kMaxTiles];
+    int len[2] = {0, 0};
+    for (int t = 0; t < total; ++t) list[single[t]][len[single[t]]++] = want[t];
+    for (int t = 0, taken = 0; t < total; ++t) { /* Bresenham: C of them by t + 1 == (t + 1) C / T */
+      const int pick = (int64_t)(t + 1) * C / total > taken;
+      merged[t] = list[pick][pick ? taken : t - taken];
+      taken += pick;
+    }
+    GemmCursor cur[2];
+    gemm_cursor_init(a, cur[0]);
+    gemm_cursor_init(a, cur[1]);
+    for (int q = 0; q < total + 200; ++q) { /* in order, then random */
+      const int t = q < total ? q : (int)(rng_next(r) % (uint64_t)total);
+      int cls, idx;
+      mix_tile(t, total, C, cls, idx);
+      if (!gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls) || !same(c, merged[t]))
+        return snprintf(why, n, "mix order: tile %d of %d (%d single) wrong", t, total, C), 0;
+    }
   }
   return 1;
 }
@@ -610,7 +634,7 @@ MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
 }
 
 /* ---- GPU: the tile schedule changes no bit of any output --------------------------- */
-static const char *sched_outputs(int mode, int E, int H, int I, int64_t cap, const int32_t *off, const mokBf16 *x,
+static const char *sched_outputs(int mode, int mix, int E, int H, int I, int64_t cap, const int32_t *off, const mokBf16 *x,
                                  const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act, uint16_t *h_dw) {
   mokBf16 *act = NULL, *gu = NULL, *dwg = NULL, *dwu = NULL;
   const char *err = NULL;
@@ -619,7 +643,7 @@ static const char *sched_outputs(int mode, int E, int H, int I, int64_t cap, con
   if (cudaMalloc(&act, (size_t)cap * I * 2) != cudaSuccess || cudaMalloc(&gu, (size_t)cap * I * 4) != cudaSuccess ||
       cudaMalloc(&dwg, wsz * 2) != cudaSuccess || cudaMalloc(&dwu, wsz * 2) != cudaSuccess) {
     err = "cudaMalloc failed";
-  } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess ||
+  } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess || mok_gemm_debug_tiles(0, 0, mix ? 1 : 2) != mokSuccess ||
              mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + wsz, act, gu, 0) != mokSuccess ||
              mok_gemm_wgrad_gateup(&rows, H, I, dgu, x, mokDtypeBF16, dwg, dwu, 0) != mokSuccess) {
     err = FAIL("launch failed: %s", mokGetLastError());
@@ -628,13 +652,16 @@ static const char *sched_outputs(int mode, int E, int H, int I, int64_t cap, con
     err = "cudaMemcpy failed";
   }
   mok_gemm_debug_sched(0, 1);
+  mok_gemm_debug_tiles(0, 0, 0);
   cudaFree(act); cudaFree(gu); cudaFree(dwg); cudaFree(dwu);
   return err;
 }
 
 MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   /* The same layout (uneven experts, 64-row tails, an empty expert) under static
-   * round-robin and under run-time tickets: act and dW_gate must agree in every bit. */
+   * round-robin, under run-time tickets and under tickets in mix order (gate+up token
+   * tiles: the 64-row experts' tiles spread over the others'): act and dW_gate must agree
+   * in every bit. */
   enum { E = 6, H = 512, I = 384 };
   static const int counts[E] = {500, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
@@ -654,20 +681,21 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   CHECK_OK(mok_gemm_fill_rows(x, cap, H, seed + 1, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(dgu, cap, 2 * I, seed + 2, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(w, 2 * (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
-  uint16_t *act[2], *dw[2];
+  uint16_t *act[3], *dw[3];
   const char *err = NULL;
-  for (int m = 0; m < 2; ++m) {
+  for (int m = 0; m < 3; ++m) {
     act[m] = (uint16_t *)malloc((size_t)cap * I * 2);
     dw[m] = (uint16_t *)malloc(wsz * 2);
   }
-  for (int m = 0; m < 2 && !err; ++m) err = sched_outputs(m + 1, E, H, I, cap, off, x, w, dgu, act[m], dw[m]);
-  const int same_act = !err && !memcmp(act[0], act[1], (size_t)cap * I * 2);
-  const int same_dw = !err && !memcmp(dw[0], dw[1], wsz * 2);
-  for (int m = 0; m < 2; ++m) { free(act[m]); free(dw[m]); }
+  for (int m = 0; m < 3 && !err; ++m)
+    err = sched_outputs(m ? 2 : 1, m == 2, E, H, I, cap, off, x, w, dgu, act[m], dw[m]);
+  const int same_act = !err && !memcmp(act[0], act[1], (size_t)cap * I * 2) && !memcmp(act[0], act[2], (size_t)cap * I * 2);
+  const int same_dw = !err && !memcmp(dw[0], dw[1], wsz * 2) && !memcmp(dw[0], dw[2], wsz * 2);
+  for (int m = 0; m < 3; ++m) { free(act[m]); free(dw[m]); }
   cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(dgu);
   CHECK_MSG(err == NULL, "%s", err);
-  CHECK_MSG(same_act, "act differs between the static and the ticket schedule");
-  CHECK_MSG(same_dw, "dW_gate differs between the static and the ticket schedule");
+  CHECK_MSG(same_act, "act differs between the static, the ticket and the mix schedule");
+  CHECK_MSG(same_dw, "dW_gate differs between the static, the ticket and the mix schedule");
 }
 
 /* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */

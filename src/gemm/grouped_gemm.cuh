@@ -97,7 +97,7 @@ struct TileConfig {
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
   static_assert(kStages >= 3, "too few pipeline stages");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kBarBytes,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
   static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
@@ -124,6 +124,7 @@ struct GemmTileArgs {
   int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
+  int mix;        /* token tiles under tickets: mix order (mix_tile) */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
   int k_len;      /* reduction length of row-grouped kinds: H, I, H, 2I */
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
@@ -245,6 +246,7 @@ struct GemmCursor {
   int e, first, o0, o1;
   int n; /* token tiles: rows of the segment the tiles cover (tok_rows) */
 };
+static_assert(sizeof(GemmCursor) <= 32, "two cursors after the slots take 64 bytes");
 
 /* A read-only load of a schedule offset (__ldg on the device; host builds of the schedule
  * functions, for tests, read plain memory). */
@@ -303,9 +305,23 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
   cu.n = tok_rows(a, 0, cu.o1 - cu.o0);
 }
 /* Tiles of the cursor's expert per output block. */
+/* cls (token tiles, mix order): -1 every expert; 1 only experts of one tile per output
+ * block, 0 only the others (their tiles count 0 here) */
 template <int TOK>
-__host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, int tok_units) {
-  return TOK ? tok_tiles(cu.n, tok_units) : (cu.o1 - cu.o0 + kBM - 1) / kBM;
+__host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, int tok_units, int cls = -1) {
+  if (!TOK) return (cu.o1 - cu.o0 + kBM - 1) / kBM;
+  const int mt = tok_tiles(cu.n, tok_units);
+  return cls < 0 || (mt <= 1) == (cls == 1) ? mt : 0;
+}
+/* Mix order (token tiles under tickets): of T tiles, C belong to experts of one tile per
+ * output block, whose tiles stream a whole weight block for <= 176 rows (memory-bound);
+ * tile t of the launch is the idx-th tile of class cls, the C spread evenly over the T
+ * (Bresenham), so that their weight streaming overlaps the other experts' MMAs instead of
+ * coming after them. */
+__host__ __device__ __forceinline__ void mix_tile(int t, int T, int C, int &cls, int &idx) {
+  const int before = (int)((int64_t)t * C / T), after = (int)((int64_t)(t + 1) * C / T);
+  cls = after > before;
+  idx = cls ? before : t - before;
 }
 template <int KIND>
 __host__ __device__ __forceinline__ int tok_out_cols() {
@@ -315,7 +331,7 @@ __host__ __device__ __forceinline__ int tok_out_cols() {
 /* false: t is past the last tile. TOK: token tiles (forward gate+up and down). */
 template <int KIND, int BN, int TOK = 0>
 __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
-                                                          TileCoord &c) {
+                                                          TileCoord &c, int cls = -1) {
   const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
   if constexpr (KindTraits<KIND>::kWgrad) {
@@ -341,11 +357,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
       }
       --cu.e;
-      cu.first -= cursor_row_tiles<TOK>(cu, a.tok_units) * n_tiles;
+      cu.first -= cursor_row_tiles<TOK>(cu, a.tok_units, cls) * n_tiles;
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = cursor_row_tiles<TOK>(cu, a.tok_units) * n_tiles;
+      const int tiles = cursor_row_tiles<TOK>(cu, a.tok_units, cls) * n_tiles;
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if (++cu.e < a.num_experts) {
@@ -358,7 +374,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
      * share a weight block), every output block before the next group, so a hot
      * expert's weights stay in L2 while its rows stream once (an expert of <= raster
      * row tiles: plain output-block-major order) */
-    const int mt = cursor_row_tiles<TOK>(cu, a.tok_units), r = t - cu.first;
+    const int mt = cursor_row_tiles<TOK>(cu, a.tok_units, cls), r = t - cu.first;
     const int gsz = a.raster * n_tiles, grp = r / gsz, w = r - grp * gsz, g0 = grp * a.raster;
     const int rows_g = mt - g0 < a.raster ? mt - g0 : a.raster;
     const int nb = w / rows_g, mb = g0 + (w - nb * rows_g);
@@ -811,7 +827,7 @@ struct TokConfig {
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
   static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 32 <= kBarBytes,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kBarBytes,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
@@ -1040,6 +1056,26 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   return __any_sync(0xffffffffu, uneven);
 }
 
+/* Mix order totals, one warp: T token tiles of the launch, C of them of experts with one
+ * tile per output block. */
+template <int KIND>
+__device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, int &C) {
+  const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tok_out_cols<KIND>() - 1) / tok_out_cols<KIND>();
+  int t = 0, c = 0;
+  for (int e = lane; e < a.num_experts; e += 32) {
+    const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
+    const int mt = tok_tiles(tok_rows(a, e, seg), a.tok_units);
+    t += mt;
+    c += mt == 1;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    t += __shfl_xor_sync(0xffffffffu, t, o);
+    c += __shfl_xor_sync(0xffffffffu, c, o);
+  }
+  T = t * n_tiles;
+  C = c * n_tiles;
+}
+
 template <bool B, class T, class F>
 struct PickType {
   using type = T;
@@ -1085,6 +1121,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     setmaxnreg_dec<kProducerRegs>();
     if (threadIdx.x >= 32) return;
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
+    int mix_T = 0, mix_C = 0;
+    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd>(a, mix_T, mix_C);
+    const bool mix = mix_C > 0 && mix_C < mix_T;
+    /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
+    volatile int *mix_tc = slot + kSlotInts * kSchedSlots + 2 * (int)(sizeof(GemmCursor) / sizeof(int));
+    if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
@@ -1093,10 +1135,22 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       if (TOK) tma_prefetch_descriptor(&a.tm_tok16);
       /* the cursor lives in shared memory (after the slots): the producer runs on 40
        * registers */
-      GemmCursor &cu = *reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
-      gemm_cursor_init(a, cu);
+      GemmCursor *cur = reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
+      GemmCursor &cu = cur[0];
+      gemm_cursor_init(a, cur[0]);
+      gemm_cursor_init(a, cur[1]);
       for (int t = blockIdx.x;;) {
-        const bool more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c);
+        bool more;
+        if (mix) { /* two cursors: one per class */
+          int cls = 0, idx = 0;
+          const int T = mix_tc[0];
+          if ((more = t < T)) {
+            mix_tile(t, T, mix_tc[1], cls, idx);
+            more = gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls);
+          }
+        } else {
+          more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c);
+        }
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
         volatile int *o = slot + kSlotInts * sp.stage;
