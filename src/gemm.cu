@@ -185,15 +185,32 @@ __device__ unsigned long long g_gemm_error;
 static unsigned g_sched_next;                              /* __atomic_* */
 static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
 static int g_stall_tile = -1;
+static int g_epi_debug = 0;
 static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
 static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
 static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
-static int g_mix = 0;                  /* token tiles under tickets: mix order (off) */
+static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 = on, 2 = off) */
+
+/* Mix order (grouped_gemm.cuh mix_tile) for down, not for gate+up, from measurements
+ * (docs/PERF.md, Zipf 1.2 routing, 1x H200): down +5% (kimi 609 -> 642, qwen3.5 522 ->
+ * 549 TFLOP/s), gate+up -4% (kimi 570 -> 528, qwen3.5 496 -> 479). Gate+up's tiles are
+ * long (K = H) and their rows wide (H): spread among them, the single tiles' weight
+ * streams evict the rows a raster group still rereads. */
+static int mix_rule(int kind) {
+  const int knob = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
+  return knob ? knob == 1 : kind == mokGemmDownFwd;
+}
 
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
   __atomic_store_n(&g_stall_tile, stall_tile, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_epilogue(int mode) {
+  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_epilogue: mode %d", mode);
+  __atomic_store_n(&g_epi_debug, mode, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -213,7 +230,7 @@ extern "C" mokResult_t mok_gemm_debug_tiles(int raster, int tok_units, int mix) 
                      kTokMaxUnits);
   __atomic_store_n(&g_raster, raster ? raster : 8, __ATOMIC_RELAXED);
   __atomic_store_n(&g_tok_units, tok_units ? tok_units : kTokMaxUnits, __ATOMIC_RELAXED);
-  __atomic_store_n(&g_mix, mix == 1, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_mix, mix, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -264,6 +281,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.rank = rows->rank;
   args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
   args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
+  args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};
@@ -301,7 +319,6 @@ static GemmTileArgs base_args(const mokGemmRows_t *rows) {
   a.num_experts = rows->num_experts;
   a.raster = __atomic_load_n(&g_raster, __ATOMIC_RELAXED);
   a.tok_units = __atomic_load_n(&g_tok_units, __ATOMIC_RELAXED);
-  a.mix = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
   return a;
 }
 
@@ -346,6 +363,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.tm_aux = a.tm_out0;
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
+  a.mix = mix_rule(mokGemmGateUpFwd);
   if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
@@ -374,6 +392,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   if (ts.token) MOK_CHECK(make_map(&a.tm_out0h, y, hidden, rows->capacity, 16, "y"));
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
+  a.mix = mix_rule(mokGemmDownFwd);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }

@@ -123,6 +123,10 @@ mokResult_t mok_gemm_error_word(unsigned long long *word, int clear);
 /* Tests: the wait budget of later launches (0 = the default 10 s) and a tile index whose
  * loads the producer never issues (-1 = off), to provoke a timeout. Process-wide. */
 mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
+/* Timing diagnostics of the token-tile epilogue (forward gate+up and down; their outputs
+ * are WRONG while it is on): 1 = everything but the TMA stores, 2 = no epilogue at all,
+ * 0 = off (the default). Process-wide. */
+mokResult_t mok_gemm_debug_epilogue(int mode);
 /* Benchmarks: how tiles reach CTAs: 0 = the library's rule, 1 = static round-robin,
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
  * both warpgroups (1, the default) or run on one. Process-wide. */
@@ -130,7 +134,8 @@ mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
 /* Benchmarks: the raster group of the row-grouped kinds, in row tiles of one expert (0 =
  * the default 8; 1 << 20 = plain output-block-major order), the most 16-row units of a
  * forward token tile (0 = the default 11, i.e. 176 rows), and the mix order of token tiles
- * under tickets (grouped_gemm.cuh mix_tile; 0 = the default (off), 1 = on, 2 = off).
+ * under tickets (grouped_gemm.cuh mix_tile; 0 = the library's rule (down: on, gate+up:
+ * off), 1 = on, 2 = off).
  * Process-wide. */
 mokResult_t mok_gemm_debug_tiles(int raster, int tok_units, int mix);
 

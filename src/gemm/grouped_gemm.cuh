@@ -124,7 +124,7 @@ struct GemmTileArgs {
   int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
-  int mix;        /* token tiles under tickets: mix order (mix_tile) */
+  int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
   int k_len;      /* reduction length of row-grouped kinds: H, I, H, 2I */
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
@@ -140,6 +140,8 @@ struct GemmTileArgs {
   unsigned long long timeout_ns;  /* budget of one wait */
   int rank;       /* written into the error word */
   int stall_tile; /* tests: the producer stops before this tile (a lost load); -1 = off */
+  int epi_debug;  /* timing diagnostics of token tiles (outputs wrong): 1 = no TMA stores,
+                     2 = no epilogue at all; 0 = off */
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
 };
@@ -467,7 +469,10 @@ __device__ __forceinline__ uint32_t pack_bf16x2(float lo, float hi) {
 __device__ __forceinline__ float bf16_lo(uint32_t v) { return __uint_as_float(v << 16); }
 __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v & 0xffff0000u); }
 
-__device__ __forceinline__ float sigmoid_f(float x) { return 1.0f / (1.0f + __expf(-x)); }
+/* __fdividef: a reciprocal and a multiply, not an IEEE division (the epilogue's ALU work
+ * runs while the tensor cores wait; the result is rounded to bf16 or multiplied into a
+ * bf16 gradient). 1 + e^-x past 2^126 gives 0, sigmoid's limit. */
+__device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
 __device__ __forceinline__ uint32_t stg_addr(uint32_t chunk, int row, int unit) {
   return chunk + row * 128 + ((unit ^ (row & 7)) << 4);
@@ -887,6 +892,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = 0;
+  if (a.epi_debug == 2) return;
 #pragma unroll
   for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
     const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
@@ -917,7 +923,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         }
         fence_proxy_async_shared();
         wg_sync(wg);
-        if (leader) {
+        if (leader && a.epi_debug != 1) {
           const int x = pass == 2 ? a.n_out + col : col;
           for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
             tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
