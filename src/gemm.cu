@@ -186,7 +186,6 @@ static unsigned g_sched_next;                              /* __atomic_* */
 static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
 static int g_stall_tile = -1;
 static int g_epi_debug = 0;
-static int g_store_evict = 0; /* token-tile output stores evict-first: 0 default (off), 1 on, 2 off */
 static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
 static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
@@ -209,12 +208,9 @@ extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int sta
   return mokSuccess;
 }
 
-extern "C" mokResult_t mok_gemm_debug_epilogue(int mode, int store_evict) {
+extern "C" mokResult_t mok_gemm_debug_epilogue(int mode) {
   if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_epilogue: mode %d", mode);
-  if (store_evict < 0 || store_evict > 2)
-    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_epilogue: store_evict %d", store_evict);
   __atomic_store_n(&g_epi_debug, mode, __ATOMIC_RELAXED);
-  __atomic_store_n(&g_store_evict, store_evict, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -286,7 +282,6 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
   args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
   args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
-  args.store_evict = __atomic_load_n(&g_store_evict, __ATOMIC_RELAXED) == 1;
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};

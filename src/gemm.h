@@ -125,9 +125,8 @@ mokResult_t mok_gemm_error_word(unsigned long long *word, int clear);
 mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
 /* Timing diagnostics of the token-tile epilogue (forward gate+up and down; their outputs
  * are WRONG while it is on): 1 = everything but the TMA stores, 2 = no epilogue at all,
- * 0 = off (the default); and whether their 32-row output stores carry an L2 evict-first
- * policy (0 = the default (off), 1 = on, 2 = off). Process-wide. */
-mokResult_t mok_gemm_debug_epilogue(int mode, int store_evict);
+ * 0 = off (the default). Process-wide. */
+mokResult_t mok_gemm_debug_epilogue(int mode);
 /* Benchmarks: how tiles reach CTAs: 0 = the library's rule, 1 = static round-robin,
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
  * both warpgroups (1, the default) or run on one. Process-wide. */

@@ -142,7 +142,6 @@ struct GemmTileArgs {
   int stall_tile; /* tests: the producer stops before this tile (a lost load); -1 = off */
   int epi_debug;  /* timing diagnostics of token tiles (outputs wrong): 1 = no TMA stores,
                      2 = no epilogue at all; 0 = off */
-  int store_evict; /* token tiles: 32-row output stores with an L2 evict-first policy */
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
 };
@@ -926,13 +925,8 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         wg_sync(wg);
         if (leader && a.epi_debug != 1) {
           const int x = pass == 2 ? a.n_out + col : col;
-          for (int q = q0; q + 1 < q1; q += 2) { /* 32-row boxes, then the odd unit's 16 */
-            if (a.store_evict)
-              tma_store_2d_evict_first(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x,
-                                       c.m0 + kTokUnit * q);
-            else
-              tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
-          }
+          for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
+            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
           if ((q1 - q0) & 1)
             tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b + (q1 - 1 - q0) * kTokUnit * 128, x,
                          c.m0 + kTokUnit * (q1 - 1));

@@ -130,15 +130,6 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t sr
                "r"(src), "r"(c0), "r"(c1)
                : "memory");
 }
-/* The same with an L2 evict-first policy: output that this kernel never reads again. */
-__device__ __forceinline__ void tma_store_2d_evict_first(const CUtensorMap *map, uint32_t src, int c0, int c1) {
-  asm volatile(
-      "{\n .reg .b64 p;\n createpolicy.fractional.L2::evict_first.b64 p, 1.0;\n"
-      " cp.async.bulk.tensor.2d.global.shared::cta.bulk_group.L2::cache_hint [%0, {%2, %3}], [%1], p;\n}" ::"l"(
-          (uint64_t)map),
-      "r"(src), "r"(c0), "r"(c1)
-      : "memory");
-}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 /* Waits until at most N of this thread's committed bulk groups still read shared memory. */
 template <int N>
