@@ -186,7 +186,6 @@ static unsigned g_sched_next;                              /* __atomic_* */
 static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
 static int g_stall_tile = -1;
 static int g_epi_debug = 0;
-static int g_l2_prefetch = 0; /* token tiles: weight k-blocks asked of L2 ahead of the loads */
 static int g_sched_mode = 0; /* 0: the kernel's rule; 1: static; 2: run-time tickets */
 static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
@@ -206,13 +205,6 @@ static int mix_rule(int kind) {
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
   __atomic_store_n(&g_stall_tile, stall_tile, __ATOMIC_RELAXED);
-  return mokSuccess;
-}
-
-extern "C" mokResult_t mok_gemm_debug_prefetch(int k_blocks) {
-  if (k_blocks < 0 || k_blocks > 64)
-    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_prefetch: k_blocks = %d, must be in [0, 64]", k_blocks);
-  __atomic_store_n(&g_l2_prefetch, k_blocks, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -290,7 +282,6 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
   args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
   args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
-  args.l2_prefetch = __atomic_load_n(&g_l2_prefetch, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};

@@ -127,9 +127,6 @@ mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
  * are WRONG while it is on): 1 = everything but the TMA stores, 2 = no epilogue at all,
  * 0 = off (the default). Process-wide. */
 mokResult_t mok_gemm_debug_epilogue(int mode);
-/* Benchmarks: token tiles' producer asks L2 for the weights k_blocks 64-deep steps ahead
- * of its loads (0 = off, the default; at most 64). Process-wide. */
-mokResult_t mok_gemm_debug_prefetch(int k_blocks);
 /* Benchmarks: how tiles reach CTAs: 0 = the library's rule, 1 = static round-robin,
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
  * both warpgroups (1, the default) or run on one. Process-wide. */

@@ -63,7 +63,6 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --raster 0", "--raster N"},
       {"bench gemm --mix sometimes", "--mix on|off"},
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
-      {"bench gemm --l2-prefetch 65", "--l2-prefetch N"},
   };
   for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++) {
     int rc = run_cli(gemm_cases[i].args, out, sizeof out);

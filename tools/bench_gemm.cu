@@ -84,8 +84,7 @@ static void usage(void) {
           "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
-          "                      [--mix on|off] [--epi-debug 0|1|2] [--l2-prefetch N]\n"
-          "                      [--kinds LIST]\n"
+          "                      [--mix on|off] [--epi-debug 0|1|2] [--kinds LIST]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
           "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
@@ -94,8 +93,7 @@ static void usage(void) {
           "  skip padding) or not; row tiles per raster group (default 8); most 16-row units of a\n"
           "  forward token tile (default 11); token tiles of single-tile experts spread evenly\n"
           "  over the others' (mix on) or after them (off) (default: the library's rule, on for down);\n"
-          "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue;\n"
-          "  --l2-prefetch: token tiles ask L2 for the weights N k-blocks ahead (default 0, off)\nmodels:");
+          "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
@@ -428,7 +426,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   double zipf = 0;
   const char *json = NULL;
   b->iters = 20;
-  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, l2_prefetch = 0;
+  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -460,9 +458,6 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--raster")) {
       raster = atoi(v);
       if (raster < 1) { fprintf(stderr, "bench gemm: --raster N, N >= 1\n"); return 2; }
-    } else if (!strcmp(a, "--l2-prefetch")) {
-      l2_prefetch = atoi(v);
-      if (l2_prefetch < 0 || l2_prefetch > 64) { fprintf(stderr, "bench gemm: --l2-prefetch N, 0 <= N <= 64\n"); return 2; }
     } else if (!strcmp(a, "--epi-debug")) {
       epi_debug = atoi(v);
       if (epi_debug < 0 || epi_debug > 2) { fprintf(stderr, "bench gemm: --epi-debug 0|1|2\n"); return 2; }
@@ -494,7 +489,6 @@ static int bench_main(int argc, char **argv, bench *b) {
   }
   mok_gemm_debug_sched(sched, split);
   mok_gemm_debug_epilogue(epi_debug);
-  mok_gemm_debug_prefetch(l2_prefetch);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;

@@ -142,8 +142,6 @@ struct GemmTileArgs {
   int stall_tile; /* tests: the producer stops before this tile (a lost load); -1 = off */
   int epi_debug;  /* timing diagnostics of token tiles (outputs wrong): 1 = no TMA stores,
                      2 = no epilogue at all; 0 = off */
-  int l2_prefetch; /* token tiles: the producer asks L2 for the weights of k-block kb +
-                      l2_prefetch while it loads kb (0 = off) */
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
 };
@@ -839,32 +837,13 @@ struct TokConfig {
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
 
-/* L2 prefetch of the tile's weight rows of k-block kb (gate+up: both matrices). */
-template <int KIND>
-__device__ __forceinline__ void tok_prefetch_w(const GemmTileArgs &a, const TileCoord &c, int kb) {
-  const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
-  if (KIND == kGateUpFwd) {
-#pragma unroll
-    for (int ch = 0; ch < 2; ++ch) {
-      tma_prefetch_l2(&a.tm_b0, kk, row + 64 * ch);
-      tma_prefetch_l2(&a.tm_b1, kk, row + 64 * ch);
-    }
-  } else {
-    tma_prefetch_l2(&a.tm_b0, kk, row);
-  }
-}
-
 template <int KIND>
 __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
   using TC = TokConfig<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const uint32_t stage_tx = (uint32_t)(TC::kWBytes + c.nt * 128);
-  /* weight bytes in flight past the ring: while loading k-block kb, L2 is asked for kb +
-   * l2_prefetch (the tile's first l2_prefetch k-blocks when it starts) */
-  for (int kb = 0; kb < a.l2_prefetch && kb < c.k_blocks; ++kb) tok_prefetch_w<KIND>(a, c, kb);
   for (int kb = 0; kb < c.k_blocks; ++kb) {
-    if (a.l2_prefetch && kb + a.l2_prefetch < c.k_blocks) tok_prefetch_w<KIND>(a, c, kb + a.l2_prefetch);
     if (!bar_wait(&empty[p.stage], p.phase ^ 1u, w, MOK_WAIT_GEMM_SLOT)) return false;
     uint64_t *bar = &full[p.stage];
     char *sw = smem + p.stage * TC::kStageBytes;

@@ -119,14 +119,6 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
       : "memory");
 }
 
-/* Asks L2 to fetch the box at (c0, c1) of a 2-D tensor map (no shared memory, no
- * completion): bytes in flight beyond what the ring of stages holds. */
-__device__ __forceinline__ void tma_prefetch_l2(const CUtensorMap *map, int c0, int c1) {
-  asm volatile("cp.async.bulk.prefetch.tensor.2d.L2.global.tile [%0, {%1, %2}];" ::"l"((uint64_t)map), "r"(c0),
-               "r"(c1)
-               : "memory");
-}
-
 /* ---- TMA stores (cp.async.bulk.tensor, shared -> global) --------------------------- */
 /* Stores the shared-memory box at shared address `src` (laid out as the map's swizzle says) to element
  * coordinates (c0 = innermost, c1); elements past the tensor's bounds are not written.
