@@ -66,6 +66,10 @@ MOK_TEST(gemm_validation) {
   mokBf16 *q = (mokBf16 *)(uintptr_t)0x20000;
   const int32_t *off = (const int32_t *)(uintptr_t)0x30000;
   mokGemmRows_t rows = {4, 1024, off};
+  /* debug knobs refuse values out of range */
+  CHECK_STATUS(mok_gemm_debug_epilogue(3), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_epilogue(-1), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_tiles(0, 0, 3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
   mokGemmRows_t bad = rows;
