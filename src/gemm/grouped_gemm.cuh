@@ -893,13 +893,6 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = 0;
   if (a.epi_debug == 2) return;
-  /* One named barrier a piece: after writing buffer `buf` (and the fence), the leader waits
-   * until the previous piece's store has read the other buffer, which the next piece
-   * writes; the barrier then tells both the leader (store `buf`) and the warpgroup (write
-   * the other buffer next). The barrier before the first piece: every warp is past the
-   * main loop, so the stage's weight rows are free. */
-  if (leader) bulk_wait_group_read<0>();
-  wg_sync(wg);
 #pragma unroll
   for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
     const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
@@ -912,6 +905,8 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
       for (int piece = 0; piece < kPieces; ++piece) {
         const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
         const uint32_t b = region + buf * kTokBufBytes;
+        if (leader) bulk_wait_group_read<1>();
+        wg_sync(wg);
 #pragma unroll
         for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
           uint32_t v[2][2];
@@ -927,7 +922,6 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
           stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
         }
         fence_proxy_async_shared();
-        if (leader) bulk_wait_group_read<0>();
         wg_sync(wg);
         if (leader && a.epi_debug != 1) {
           const int x = pass == 2 ? a.n_out + col : col;
@@ -944,9 +938,10 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   }
   if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed piece */
     const uint32_t b = region + buf * kTokBufBytes;
+    if (leader) bulk_wait_group_read<1>();
+    wg_sync(wg);
     st_shared_zero16(b + (threadIdx.x & 127) * 16); /* 16 rows x 128 bytes */
     fence_proxy_async_shared();
-    if (leader) bulk_wait_group_read<0>();
     wg_sync(wg);
     if (leader) {
       for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
