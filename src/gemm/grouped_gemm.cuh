@@ -306,9 +306,9 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
   cu.o1 = sched_ld(a.expert_offset + 1);
   cu.n = tok_rows(a, 0, cu.o1 - cu.o0);
 }
-/* Tiles of the cursor's expert per output block. */
-/* cls (token tiles, mix order): -1 every expert; 1 only experts of one tile per output
- * block, 0 only the others (their tiles count 0 here) */
+/* Tiles of the cursor's expert per output block. cls (token tiles, mix order): -1 every
+ * expert; 1 only experts of one tile per output block, 0 only the others (the tiles of
+ * an expert of the other class count 0). */
 template <int TOK>
 __host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, int tok_units, int cls = -1) {
   if (!TOK) return (cu.o1 - cu.o0 + kBM - 1) / kBM;
