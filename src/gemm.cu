@@ -191,6 +191,9 @@ static int g_split_tail = 1;
 static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gemm.cuh) */
 static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
 static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 = on, 2 = off) */
+static int g_pairs = 0; /* token tiles in 2-CTA clusters (0 = pair_rule, 1 = on, 2 = off, 3 = solo) */
+static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
+static int g_trace_cap = 0;
 
 /* Mix order (grouped_gemm.cuh mix_tile) for down, not for gate+up, from measurements
  * (docs/PERF.md, Zipf 1.2 routing, 1x H200): down +5% (kimi 609 -> 642, qwen3.5 522 ->
@@ -200,6 +203,29 @@ static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 =
 static int mix_rule(int kind) {
   const int knob = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
   return knob ? knob == 1 : kind == mokGemmDownFwd;
+}
+
+/* Token tiles in CTA pairs (grouped_gemm.cuh, TOK 2), where the output blocks come in
+ * pairs (an even count): off unless asked for. Measured (docs/PERF.md, 1x H200, pairs vs
+ * alone): down kimi R341 +3%, every other shape and kind -1..-6% (qwen3.5 R320 down -3%,
+ * glm R512 down -3%, qwen3.5 R512 down -4%), Zipf 1.2 -1..-3% (kimi gate+up +1%). */
+static int pair_rule(int kind, int n_tiles) {
+  const int knob = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED);
+  (void)kind;
+  return n_tiles % 2 == 0 && (knob == 1 || knob == 3);
+}
+
+extern "C" mokResult_t mok_gemm_debug_pairs(int mode) {
+  if (mode < 0 || mode > 3) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_pairs: mode %d", mode);
+  __atomic_store_n(&g_pairs, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap) {
+  if (buf && cap < 1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_trace: cap = %d, must be >= 1", cap);
+  __atomic_store_n(&g_trace, buf, __ATOMIC_RELAXED);
+  __atomic_store_n(&g_trace_cap, buf ? cap : 0, __ATOMIC_RELAXED);
+  return mokSuccess;
 }
 
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
@@ -269,6 +295,25 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int64_t grid = max_tiles < sms ? max_tiles : sms;
   if (grid < 1) grid = 1;
+  cudaLaunchAttribute attr[1];
+  if (TOK == 2) { /* clusters of two CTAs: an even grid, at most the clusters that fit at once */
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2;
+    attr[0].val.clusterDim.y = 1;
+    attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t q = {};
+    q.gridDim = dim3((unsigned)(sms & ~1));
+    q.blockDim = dim3(kThreads);
+    q.dynamicSmemBytes = (size_t)smem;
+    q.attrs = attr;
+    q.numAttrs = 1;
+    int clusters = 0;
+    CUDA_CHECK(NULL, cudaOccupancyMaxActiveClusters(&clusters, kernel, &q));
+    if (clusters < 1)
+      return mok_error(NULL, mokNotSupported, "grouped GEMM: no 2-CTA cluster of %d bytes of shared memory fits", smem);
+    grid = 2 * ((grid + 1) / 2);
+    if (grid > 2 * (int64_t)clusters) grid = 2 * (int64_t)clusters;
+  }
   void *sched = nullptr, *err = nullptr;
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&sched, g_gemm_sched));
   args.sched = static_cast<int *>(sched) + 2 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
@@ -284,11 +329,18 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
+  args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
+  args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
+  args.trace_cap = __atomic_load_n(&g_trace_cap, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
   cfg.blockDim = dim3(kThreads);
   cfg.dynamicSmemBytes = (size_t)smem;
   cfg.stream = stream;
+  if (TOK == 2) {
+    cfg.attrs = attr;
+    cfg.numAttrs = 1;
+  }
   CUDA_CHECK(NULL, cudaLaunchKernelEx(&cfg, kernel, args));
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
@@ -364,6 +416,8 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
+  if (ts.token && pair_rule(mokGemmGateUpFwd, inter / 128))
+    return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
@@ -385,6 +439,8 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
+  const int pairs = ts.token && pair_rule(mokGemmDownFwd, hidden / 256);
+  if (pairs) MOK_CHECK(make_map(&a.tm_b1, w_down, inter, E * hidden, 128, "w_down")); /* a CTA's half */
   a.n_out = hidden;
   a.k_len = inter;
   a.b_rows = hidden;
@@ -393,6 +449,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
+  if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }

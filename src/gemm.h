@@ -138,6 +138,18 @@ mokResult_t mok_gemm_debug_sched(int mode, int split_tail);
  * off), 1 = on, 2 = off).
  * Process-wide. */
 mokResult_t mok_gemm_debug_tiles(int raster, int tok_units, int mix);
+/* Benchmarks: forward token tiles in CTA pairs (2-CTA clusters that load the operand two
+ * tiles share once, by TMA multicast): 0 = the library's rule, 1 = on, 2 = off, 3 = pairs
+ * without multicast (each CTA loads all it reads; diagnostics). Pairs need
+ * an even number of output blocks (I / 128 for gate+up, H / 256 for down); elsewhere
+ * tiles run alone whatever the mode. Process-wide. */
+mokResult_t mok_gemm_debug_pairs(int mode);
+/* Diagnostics: later forward token-tile launches append one record per tile to buf (device
+ * memory of 1 + 4 * cap words, buf[0] zeroed by the caller: it counts the records taken):
+ * record i at buf + 1 + 4i = {start ns, end ns (%globaltimer), CTA << 32 | tile index,
+ * expert << 32 | rows << 16 | output block (of 128 columns)}; records past cap are dropped.
+ * NULL turns it off. Process-wide. */
+mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

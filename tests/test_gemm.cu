@@ -70,6 +70,8 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_epilogue(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_epilogue(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_tiles(0, 0, 3), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_pairs(4), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_pairs(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
   mokGemmRows_t bad = rows;
@@ -135,8 +137,10 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   a.n_out = 64 * (1 + (int)(rng_next(r) % 40));
   a.k_len = 64 * (1 + (int)(rng_next(r) % 8));
   a.m_w = 64 * (1 + (int)(rng_next(r) % 6));
-  const int oc = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>(), n_tiles = (a.n_out + oc - 1) / oc;
-  static TileCoord want[kMaxTiles];
+  const int oc = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
+  if (TOK == 2 && (a.n_out + oc - 1) / oc % 2) a.n_out += oc; /* pairs: an even number of output blocks */
+  const int n_tiles = (a.n_out + oc - 1) / oc;
+  static TileCoord want[kMaxTiles], want1[kMaxTiles]; /* TOK 2: a pair's rank 0 and rank 1 tiles */
   static unsigned char single[kMaxTiles]; /* token tiles: the tile's expert has one tile per output block */
   int total = 0;
   for (int e = 0; e < E; ++e) {
@@ -167,6 +171,31 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
         return snprintf(why, n, "token split of %d rows: tile %d has %d rows", rows, i, tok_nt[i]), 0;
     const int mt = KindTraits<KIND>::kWgrad ? (a.m_w + 127) / 128 : TOK ? tok_n : (seg + 127) / 128;
     const int raster = KindTraits<KIND>::kWgrad ? 1 << 30 : a.raster; /* wgrad: no groups */
+    /* pairs: rows of pairs (token tiles 2j, 2j + 1) in raster / 2 groups, then the odd last
+     * tile's output blocks in twos */
+    if constexpr (TOK == 2) {
+      auto tile = [&](int mb, int nb, int share) {
+        TileCoord c;
+        memset(&c, 0, sizeof c);
+        c.expert = e, c.n0 = nb * oc, c.m0 = off[e] + tok_off[mb], c.m_end = c.m0 + tok_nt[mb], c.nt = tok_nt[mb];
+        c.k_blocks = a.k_len / 64, c.z_end = mb == mt - 1 ? off[e + 1] : c.m_end, c.share = share;
+        return c;
+      };
+      const int ras = raster > 1 ? raster / 2 : 1;
+      for (int g0 = 0; g0 < mt / 2; g0 += ras)
+        for (int nb = 0; nb < n_tiles; ++nb)
+          for (int j = g0; j < mt / 2 && j < g0 + ras && total < kMaxTiles; ++j) {
+            single[total] = 0;
+            want1[total] = tile(2 * j + 1, nb, kShareW);
+            want[total++] = tile(2 * j, nb, kShareW);
+          }
+      if (mt & 1)
+        for (int i = 0; i < n_tiles / 2 && total < kMaxTiles; ++i) {
+          single[total] = mt == 1;
+          want1[total] = tile(mt - 1, 2 * i + 1, kShareRows);
+          want[total++] = tile(mt - 1, 2 * i, kShareRows);
+        }
+    } else {
     for (int g0 = 0; g0 < mt; g0 += raster)
     for (int nb = 0; nb < n_tiles; ++nb)
       for (int mb = g0; mb < mt && mb < g0 + raster && total < kMaxTiles; ++mb) {
@@ -188,57 +217,74 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
         single[total] = mt == 1;
         want[total++] = c;
       }
+    }
   }
   if (total >= kMaxTiles) return 1; /* layout too big for the table: skip it */
   auto same = [](const TileCoord &x, const TileCoord &y) {
     return x.expert == y.expert && x.m0 == y.m0 && x.m_end == y.m_end && x.n0 == y.n0 && x.k0 == y.k0 &&
-           x.k_blocks == y.k_blocks && x.nt == y.nt && x.z_end == y.z_end;
+           x.k_blocks == y.k_blocks && x.nt == y.nt && x.z_end == y.z_end && (TOK != 2 || x.share == y.share);
   };
-  GemmCursor cu;
-  TileCoord c;
+  /* TOK 2: the pair's rank 1 tile, from a cursor of its own (the other CTA's) */
+  GemmCursor cu, cu1;
+  TileCoord c, c1;
+  auto rank1_ok = [&](int t, int cls) {
+    return TOK != 2 || (gemm_decode_tile<KIND, BN, TOK>(a, cu1, t, c1, cls, 1) && same(c1, want1[t]));
+  };
   gemm_cursor_init(a, cu);
+  gemm_cursor_init(a, cu1);
   for (int t = 0; t < total; ++t)
-    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
+    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "in order: tile %d of %d (E %d) decoded wrong", t, total, E), 0;
   if (gemm_decode_tile<KIND, BN, TOK>(a, cu, total, c) || gemm_decode_tile<KIND, BN, TOK>(a, cu, total + 7, c))
     return snprintf(why, n, "tile %d past the last (%d) decoded as a tile", total, total - 1), 0;
   const int grid = 1 + (int)(rng_next(r) % 132);
   for (int b = 0; b < grid; ++b) { /* a persistent CTA's order, fresh cursor */
     gemm_cursor_init(a, cu);
+    gemm_cursor_init(a, cu1);
     int t = b;
     for (; gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c); t += grid)
-      if (t >= total || !same(c, want[t])) return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
+      if (t >= total || !same(c, want[t]) || !rank1_ok(t, -1))
+        return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
     if (t < total) return snprintf(why, n, "CTA %d of %d stopped at tile %d of %d", b, grid, t, total), 0;
   }
   gemm_cursor_init(a, cu);
+  gemm_cursor_init(a, cu1);
   for (int t = total - 1; t >= 0; --t) /* backwards: the cursor steps back one expert at a time */
-    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
+    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "backwards: tile %d of %d wrong", t, total), 0;
   gemm_cursor_init(a, cu);
+  gemm_cursor_init(a, cu1);
   for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor walks either way */
     const int t = (int)(rng_next(r) % (uint64_t)total);
-    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]))
+    if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
   }
   if (TOK && total > 0) { /* mix order: the single-tile experts' tiles merged evenly into the others' */
     int C = 0;
     for (int t = 0; t < total; ++t) C += single[t];
-    static TileCoord list[2][kMaxTiles], merged[kMaxTiles];
+    static TileCoord list[2][kMaxTiles], merged[kMaxTiles], list1[2][kMaxTiles], merged1[kMaxTiles];
     int len[2] = {0, 0};
-    for (int t = 0; t < total; ++t) list[single[t]][len[single[t]]++] = want[t];
+    for (int t = 0; t < total; ++t) {
+      list1[single[t]][len[single[t]]] = want1[t];
+      list[single[t]][len[single[t]]++] = want[t];
+    }
     for (int t = 0, taken = 0; t < total; ++t) { /* Bresenham: C of them by t + 1 == (t + 1) C / T */
       const int pick = (int64_t)(t + 1) * C / total > taken;
       merged[t] = list[pick][pick ? taken : t - taken];
+      merged1[t] = list1[pick][pick ? taken : t - taken];
       taken += pick;
     }
-    GemmCursor cur[2];
-    gemm_cursor_init(a, cur[0]);
-    gemm_cursor_init(a, cur[1]);
+    GemmCursor cur[2], cur1[2];
+    for (int k = 0; k < 2; ++k) {
+      gemm_cursor_init(a, cur[k]);
+      gemm_cursor_init(a, cur1[k]);
+    }
     for (int q = 0; q < total + 200; ++q) { /* in order, then random */
       const int t = q < total ? q : (int)(rng_next(r) % (uint64_t)total);
       int cls, idx;
       mix_tile(t, total, C, cls, idx);
-      if (!gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls) || !same(c, merged[t]))
+      if (!gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls) || !same(c, merged[t]) ||
+          (TOK == 2 && (!gemm_decode_tile<KIND, BN, TOK>(a, cur1[cls], idx, c1, cls, 1) || !same(c1, merged1[t]))))
         return snprintf(why, n, "mix order: tile %d of %d (%d single) wrong", t, total, C), 0;
     }
   }
@@ -255,6 +301,8 @@ MOK_TEST(gemm_schedule_decode_matches_enumeration) {
     CHECK_MSG((check_schedule<mok_sm90::kWgradGateUp, 256>(&r, why, sizeof why)), "wgrad: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256, 1>(&r, why, sizeof why)), "gate+up token tiles: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 256, 1>(&r, why, sizeof why)), "down token tiles: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256, 2>(&r, why, sizeof why)), "gate+up token pairs: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 256, 2>(&r, why, sizeof why)), "down token pairs: %s", why);
     if (t->failed) break;
   }
 }
@@ -638,36 +686,43 @@ MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
 }
 
 /* ---- GPU: the tile schedule changes no bit of any output --------------------------- */
-static const char *sched_outputs(int mode, int mix, int E, int H, int I, int64_t cap, const int32_t *off, const mokBf16 *x,
-                                 const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act, uint16_t *h_dw) {
-  mokBf16 *act = NULL, *gu = NULL, *dwg = NULL, *dwu = NULL;
+static const char *sched_outputs(int mode, int mix, int pairs, int E, int H, int I, int64_t cap, const int32_t *off,
+                                 const mokBf16 *x, const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act,
+                                 uint16_t *h_y, uint16_t *h_dw) {
+  mokBf16 *act = NULL, *gu = NULL, *y = NULL, *dwg = NULL, *dwu = NULL;
   const char *err = NULL;
   const mokGemmRows_t rows = {E, cap, off};
   const size_t wsz = (size_t)E * I * H;
   if (cudaMalloc(&act, (size_t)cap * I * 2) != cudaSuccess || cudaMalloc(&gu, (size_t)cap * I * 4) != cudaSuccess ||
-      cudaMalloc(&dwg, wsz * 2) != cudaSuccess || cudaMalloc(&dwu, wsz * 2) != cudaSuccess) {
+      cudaMalloc(&y, (size_t)cap * H * 2) != cudaSuccess || cudaMalloc(&dwg, wsz * 2) != cudaSuccess ||
+      cudaMalloc(&dwu, wsz * 2) != cudaSuccess) {
     err = "cudaMalloc failed";
   } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess || mok_gemm_debug_tiles(0, 0, mix ? 1 : 2) != mokSuccess ||
+             mok_gemm_debug_pairs(pairs ? 1 : 2) != mokSuccess ||
              mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + wsz, act, gu, 0) != mokSuccess ||
+             mok_gemm_down_fwd(&rows, H, I, act, w, y, 0) != mokSuccess ||
              mok_gemm_wgrad_gateup(&rows, H, I, dgu, x, mokDtypeBF16, dwg, dwu, 0) != mokSuccess) {
     err = FAIL("launch failed: %s", mokGetLastError());
   } else if (cudaMemcpy(h_act, act, (size_t)cap * I * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+             cudaMemcpy(h_y, y, (size_t)cap * H * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
              cudaMemcpy(h_dw, dwg, wsz * 2, cudaMemcpyDeviceToHost) != cudaSuccess) {
     err = "cudaMemcpy failed";
   }
   mok_gemm_debug_sched(0, 1);
   mok_gemm_debug_tiles(0, 0, 0);
-  cudaFree(act); cudaFree(gu); cudaFree(dwg); cudaFree(dwu);
+  mok_gemm_debug_pairs(0);
+  cudaFree(act); cudaFree(gu); cudaFree(y); cudaFree(dwg); cudaFree(dwu);
   return err;
 }
 
 MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
-  /* The same layout (uneven experts, 64-row tails, an empty expert) under static
-   * round-robin, under run-time tickets and under tickets in mix order (gate+up token
-   * tiles: the 64-row experts' tiles spread over the others'): act and dW_gate must agree
-   * in every bit. */
-  enum { E = 6, H = 512, I = 384 };
-  static const int counts[E] = {500, 64, 0, 190, 1000, 33};
+  /* The same layout (uneven experts, 64-row tails, an empty expert, 1, 2, 3 and 6 token
+   * tiles per output block) under static round-robin, under run-time tickets and under
+   * tickets in mix order (token tiles: the 64-row experts' tiles spread over the
+   * others'), each with token tiles alone and in CTA pairs (2-CTA clusters, multicast
+   * loads): act, y and dW_gate must agree in every bit. */
+  enum { E = 6, H = 512, I = 512, kRuns = 6 };
+  static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
   const int64_t cap = off_h[E];
@@ -685,21 +740,89 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   CHECK_OK(mok_gemm_fill_rows(x, cap, H, seed + 1, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(dgu, cap, 2 * I, seed + 2, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(w, 2 * (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
-  uint16_t *act[3], *dw[3];
+  uint16_t *act[kRuns], *y[kRuns], *dw[kRuns];
   const char *err = NULL;
-  for (int m = 0; m < 3; ++m) {
+  for (int m = 0; m < kRuns; ++m) {
     act[m] = (uint16_t *)malloc((size_t)cap * I * 2);
+    y[m] = (uint16_t *)malloc((size_t)cap * H * 2);
     dw[m] = (uint16_t *)malloc(wsz * 2);
   }
-  for (int m = 0; m < 3 && !err; ++m)
-    err = sched_outputs(m ? 2 : 1, m == 2, E, H, I, cap, off, x, w, dgu, act[m], dw[m]);
-  const int same_act = !err && !memcmp(act[0], act[1], (size_t)cap * I * 2) && !memcmp(act[0], act[2], (size_t)cap * I * 2);
-  const int same_dw = !err && !memcmp(dw[0], dw[1], wsz * 2) && !memcmp(dw[0], dw[2], wsz * 2);
-  for (int m = 0; m < 3; ++m) { free(act[m]); free(dw[m]); }
+  static const char *names[kRuns] = {"static", "tickets", "mix", "static pairs", "ticket pairs", "mix pairs"};
+  for (int m = 0; m < kRuns && !err; ++m)
+    err = sched_outputs(m % 3 ? 2 : 1, m % 3 == 2, m >= 3, E, H, I, cap, off, x, w, dgu, act[m], y[m], dw[m]);
+  int bad_act = 0, bad_y = 0, bad_dw = 0;
+  for (int m = 1; m < kRuns && !err; ++m) {
+    if (!bad_act && memcmp(act[0], act[m], (size_t)cap * I * 2)) bad_act = m;
+    if (!bad_y && memcmp(y[0], y[m], (size_t)cap * H * 2)) bad_y = m;
+    if (!bad_dw && memcmp(dw[0], dw[m], wsz * 2)) bad_dw = m;
+  }
+  for (int m = 0; m < kRuns; ++m) { free(act[m]); free(y[m]); free(dw[m]); }
   cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(dgu);
   CHECK_MSG(err == NULL, "%s", err);
-  CHECK_MSG(same_act, "act differs between the static, the ticket and the mix schedule");
-  CHECK_MSG(same_dw, "dW_gate differs between the static, the ticket and the mix schedule");
+  CHECK_MSG(!bad_act, "act differs between the static and the %s schedule", names[bad_act]);
+  CHECK_MSG(!bad_y, "y differs between the static and the %s schedule", names[bad_y]);
+  CHECK_MSG(!bad_dw, "dW_gate differs between the static and the %s schedule", names[bad_dw]);
+}
+
+/* ---- GPU: the token-tile trace (diagnostics) lists every tile once ---------------- */
+MOK_GPU_TEST(gemm_gpu_trace_lists_every_tile, 1) {
+  /* gate+up token tiles, alone and in CTA pairs, with mok_gemm_debug_trace on: one record
+   * per tile (as many as the host enumeration has), each tile index once, start <= end,
+   * rows and output block as the schedule has them; a buffer too small keeps cap records
+   * and counts the rest. */
+  enum { E = 5, H = 256, I = 512, kCap = 4096 };
+  static const int counts[E] = {700, 0, 64, 200, 17};
+  int32_t off_h[E + 1] = {0};
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  const int64_t cap = off_h[E];
+  int tiles = 0, want_rows = 0; /* token tiles over whole segments (no expert counts) */
+  for (int e = 0; e < E; ++e) {
+    const int seg = off_h[e + 1] - off_h[e], n = mok_sm90::tok_tiles(seg, mok_sm90::kTokMaxUnits);
+    tiles += n * (I / 128);
+    want_rows += seg * (I / 128);
+  }
+  int32_t *off = NULL;
+  mokBf16 *x = NULL, *w = NULL, *act = NULL;
+  unsigned long long *d = NULL, *h = (unsigned long long *)malloc((1 + 4 * (size_t)kCap) * 8);
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&w, 2 * (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&d, (1 + 4 * (size_t)kCap) * 8) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemset(x, 0, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMemset(w, 0, 2 * (size_t)E * I * H * 2) == cudaSuccess);
+  const mokGemmRows_t rows = {E, cap, off};
+  CHECK_STATUS(mok_gemm_debug_trace(d, 0), mokInvalidArgument);
+  for (int pairs = 0; pairs < 3 && !t->failed; ++pairs) {
+    const int lim = pairs == 2 ? 3 : kCap; /* last: a buffer of 3 records */
+    CHECK(cudaMemset(d, 0, 8) == cudaSuccess);
+    CHECK_OK(mok_gemm_debug_pairs(pairs ? 1 : 2));
+    CHECK_OK(mok_gemm_debug_trace(d, lim));
+    CHECK_OK(mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + (size_t)E * I * H, act, NULL, 0));
+    CHECK_OK(mok_gemm_debug_trace(NULL, 0));
+    CHECK_OK(mok_gemm_debug_pairs(0));
+    CHECK(cudaMemcpy(h, d, (1 + 4 * (size_t)kCap) * 8, cudaMemcpyDeviceToHost) == cudaSuccess);
+    /* CTA pairs number pairs of tiles: two records per index */
+    CHECK_MSG(h[0] == (unsigned long long)tiles, "pairs %d: %llu records, want %d tiles", pairs, h[0], tiles);
+    if (pairs == 2 || h[0] != (unsigned long long)tiles) continue;
+    unsigned char seen[4096] = {0};
+    int row_sum = 0;
+    for (int i = 0; i < tiles; ++i) {
+      const unsigned long long *r = h + 1 + 4 * i;
+      const unsigned idx = (unsigned)(r[2] & 0xffffffffu);
+      CHECK_MSG(r[0] <= r[1], "record %d ends before it starts", i);
+      CHECK_MSG(idx < 4096 && seen[idx] < (pairs ? 2 : 1), "pairs %d: tile %u recorded too often", pairs, idx);
+      if (idx < 4096) seen[idx]++;
+      const int e = (int)(r[3] >> 32), nrows = (int)(r[3] >> 16 & 0xffff), blk = (int)(r[3] & 0xffff);
+      CHECK_MSG(e >= 0 && e < E && nrows >= 16 && nrows <= 176 && blk < I / 128, "record %d: expert %d rows %d block %d",
+                i, e, nrows, blk);
+      row_sum += nrows;
+    }
+    CHECK_MSG(row_sum == want_rows, "pairs %d: the records cover %d rows x blocks, want %d", pairs, row_sum, want_rows);
+  }
+  free(h);
+  cudaFree(off); cudaFree(x); cudaFree(w); cudaFree(act); cudaFree(d);
 }
 
 /* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */

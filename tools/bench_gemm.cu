@@ -84,7 +84,8 @@ static void usage(void) {
           "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
-          "                      [--mix on|off] [--epi-debug 0|1|2] [--kinds LIST]\n"
+          "                      [--mix on|off] [--pairs on|off|solo] [--epi-debug 0|1|2] [--kinds LIST]\n"
+          "                      [--trace FILE]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
           "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
@@ -93,7 +94,11 @@ static void usage(void) {
           "  skip padding) or not; row tiles per raster group (default 8); most 16-row units of a\n"
           "  forward token tile (default 11); token tiles of single-tile experts spread evenly\n"
           "  over the others' (mix on) or after them (off) (default: the library's rule, on for down);\n"
-          "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\nmodels:");
+          "  forward token tiles in 2-CTA clusters sharing loads by multicast (--pairs, default: the rule;\n"
+          "  solo: clusters without multicast, diagnostics);\n"
+          "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
+          "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
+          "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
@@ -117,6 +122,7 @@ typedef struct bench {
   int wrong;
   FILE *json;
   int json_first;
+  FILE *trace; /* --trace: token-tile records of one more launch of each forward kind (CSV) */
   char shape[128];
 } bench;
 
@@ -190,6 +196,36 @@ static int run_ours(bench *b, void *ctx) {
     return 1;
   }
   return 0;
+}
+
+/* --trace: one more launch with mok_gemm_debug_trace on; its records as CSV lines
+ * kind,cta,tile,expert,rows,block,start_ns,end_ns (times from the launch's first start). */
+static int trace_kind(bench *b, int k) {
+  enum { kCap = 1 << 16 };
+  unsigned long long *d = NULL, *h = (unsigned long long *)malloc((1 + 4 * (size_t)kCap) * 8);
+  int rc = 1;
+  if (h && cudaMalloc(&d, (1 + 4 * (size_t)kCap) * 8) == cudaSuccess && cudaMemset(d, 0, 8) == cudaSuccess &&
+      mok_gemm_debug_trace(d, kCap) == mokSuccess) {
+    rc = run_ours(b, (void *)(intptr_t)k);
+    mok_gemm_debug_trace(NULL, 0);
+    if (!rc && cudaMemcpy(h, d, (1 + 4 * (size_t)kCap) * 8, cudaMemcpyDeviceToHost) == cudaSuccess) {
+      const unsigned long long n = h[0] < kCap ? h[0] : kCap;
+      unsigned long long t0 = ~0ull;
+      for (unsigned long long i = 0; i < n; ++i) t0 = h[1 + 4 * i] < t0 ? h[1 + 4 * i] : t0;
+      for (unsigned long long i = 0; i < n; ++i) {
+        const unsigned long long *r = h + 1 + 4 * i;
+        fprintf(b->trace, "%s,%llu,%llu,%llu,%llu,%llu,%llu,%llu\n", kKindFlag[k], r[2] >> 32, r[2] & 0xffffffffull,
+                r[3] >> 32, (r[3] >> 16) & 0xffff, r[3] & 0xffff, r[0] - t0, r[1] - t0);
+      }
+      if (h[0] > kCap) fprintf(stderr, "bench gemm: --trace kept %d of %llu records\n", kCap, h[0]);
+    } else {
+      rc = 1;
+    }
+  }
+  if (rc) fprintf(stderr, "bench gemm: --trace failed\n");
+  cudaFree(d);
+  free(h);
+  return rc;
 }
 
 /* Row-major C[R, N] = A[R, K] * op(B) mapped to column-major cuBLAS (see each case). */
@@ -400,6 +436,7 @@ static int bench_kind(bench *b, int k) {
   if (!ok) b->wrong = 1;
   float ms = 0, cms = 0;
   if (time_pair(b, run_ours, run_cublas, (void *)(intptr_t)k, &ms, &cms)) return 1;
+  if (b->trace && (k == K_GATEUP || k == K_DOWN) && trace_kind(b, k)) return 1;
   /* cuBLAS does the same useful work on balanced rows: rows_bal * E (== R when balanced) */
   const double cflop = flop / R * ((double)b->rows_bal * E);
   const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
@@ -424,9 +461,9 @@ static int bench_main(int argc, char **argv, bench *b) {
   const model_shape *m = &kModels[0];
   int H = 0, I = 0, E = 0, R = -1;
   double zipf = 0;
-  const char *json = NULL;
+  const char *json = NULL, *trace = NULL;
   b->iters = 20;
-  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0;
+  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -464,6 +501,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--mix")) {
       mix = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (mix < 0) { fprintf(stderr, "bench gemm: --mix on|off\n"); return 2; }
+    } else if (!strcmp(a, "--pairs")) {
+      pairs = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : !strcmp(v, "solo") ? 3 : -1;
+      if (pairs < 0) { fprintf(stderr, "bench gemm: --pairs on|off|solo\n"); return 2; }
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
@@ -481,6 +521,7 @@ static int bench_main(int argc, char **argv, bench *b) {
       }
     }
     else if (!strcmp(a, "--json")) json = v;
+    else if (!strcmp(a, "--trace")) trace = v;
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
       else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) zipf = atof(v + 5);
@@ -489,6 +530,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   }
   mok_gemm_debug_sched(sched, split);
   mok_gemm_debug_epilogue(epi_debug);
+  mok_gemm_debug_pairs(pairs);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;
@@ -568,6 +610,11 @@ static int bench_main(int argc, char **argv, bench *b) {
     fprintf(b->json, "{\"bench\": \"gemm\", \"routing\": \"%s\", \"zipf\": %g, \"results\": [", zipf > 0 ? "zipf" : "uniform", zipf);
     b->json_first = 1;
   }
+  if (trace) {
+    b->trace = fopen(trace, "w");
+    if (!b->trace) { fprintf(stderr, "bench gemm: cannot write %s\n", trace); return 2; }
+    fprintf(b->trace, "kind,cta,tile,expert,rows,block,start_ns,end_ns\n");
+  }
   cudaDeviceProp prop;
   BCUDA(cudaGetDeviceProperties(&prop, 0));
   printf("# mok bench gemm: %s, %d SMs; E_l=%d H=%d I=%d, %lld routed rows (%s), %lld rows after padding to 64, "
@@ -595,6 +642,7 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);
   if (b.cub) cublasDestroy(b.cub);
+  if (b.trace) fclose(b.trace);
   free(b.off_h);
   free(b.cnt_h);
   return rc;

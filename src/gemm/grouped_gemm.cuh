@@ -74,6 +74,11 @@ constexpr int kStgBytes = 8192;           /* one epilogue chunk: 64 rows x 128 b
 constexpr int kSmemLimit = 232448;        /* opt-in shared memory per block on sm_90 */
 constexpr int kProducerRegs = 40;
 constexpr int kConsumerRegs = 232;
+/* CTA pairs (TOK 2): the producer also walks pairs and a ticket mailbox; 40 registers
+ * spill there (ptxas), 56 do not, and the consumers fit in 224 (384 threads: <= 64K). */
+constexpr int kPairProducerRegs = 56;
+constexpr int kPairConsumerRegs = 224;
+static_assert(128 * kPairProducerRegs + 256 * kPairConsumerRegs <= 65536, "register file");
 
 template <int KIND>
 struct KindTraits {
@@ -144,6 +149,10 @@ struct GemmTileArgs {
                      2 = no epilogue at all; 0 = off */
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
+  int pair_solo;    /* CTA pairs, diagnostics: each CTA loads all its operands (no multicast) */
+  unsigned long long *trace; /* token tiles, diagnostics: [0] records taken, then trace_cap records
+                                of 4 words (tile_trace); NULL = off */
+  int trace_cap;
 };
 
 /* ---- bounded waits --------------------------------------------------------------------
@@ -174,15 +183,20 @@ __device__ __forceinline__ WaitCtx wait_ctx(const GemmTileArgs &a) {
 /* The slow path touches neither the clock nor global memory for its first 2048 tests
  * (a normal wait ends there; a load of the error word in the loop would delay noticing
  * the phase by an L2 round trip), then checks both every 256 tests. */
+template <bool kCluster = false> /* acquire at cluster scope (mbarrier_try_wait_parity_cluster) */
+__device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity) {
+  return kCluster ? mbarrier_try_wait_parity_cluster(bar, parity) : mbarrier_try_wait_parity(bar, parity);
+}
+template <bool kCluster = false>
 __device__ __forceinline__ bool bar_wait(uint64_t *bar, uint32_t parity, WaitCtx &w, uint32_t what) {
-  if (mbarrier_try_wait_parity(bar, parity)) return true;
+  if (bar_try<kCluster>(bar, parity)) return true;
   if (w.dead) return false;
   for (int spin = 0; spin < 2048; ++spin)
-    if (mbarrier_try_wait_parity(bar, parity)) return true;
+    if (bar_try<kCluster>(bar, parity)) return true;
   const unsigned long long start = globaltimer_u64();
   for (;;) {
     for (int spin = 0; spin < 256; ++spin)
-      if (mbarrier_try_wait_parity(bar, parity)) return true;
+      if (bar_try<kCluster>(bar, parity)) return true;
     if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) {
       w.dead = true;
       return false;
@@ -205,6 +219,8 @@ struct TileCoord {
   int k_blocks; /* BK-wide steps of the reduction */
   int nt;       /* token tiles: its rows (16 .. 176); 0 for the 128-row tiles */
   int z_end;    /* token tiles: rows [m_end, z_end) are padding this tile writes as zeros */
+  int share;    /* token tiles in CTA pairs (TOK 2): what the pair's two tiles share and
+                   load once for both (multicast): kShareW, kShareRows; else 0 */
 };
 
 struct PipeState {
@@ -315,6 +331,22 @@ __host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, i
   const int mt = tok_tiles(cu.n, tok_units);
   return cls < 0 || (mt <= 1) == (cls == 1) ? mt : 0;
 }
+/* Token tiles in CTA pairs (TOK 2, a cluster of two CTAs that load the operand their
+ * tiles share once, by multicast, each CTA half of it): the unit of the schedule is a
+ * pair. An expert of mt token tiles per output block has mt / 2 rows of pairs that share
+ * the weight block (token tiles 2j and 2j + 1 of one output block: kShareW) and, for odd
+ * mt, one row of pairs that share the last token tile's rows (output blocks 2i and
+ * 2i + 1: kShareRows). Needs an even number of output blocks (the launcher checks). */
+enum { kShareW = 1, kShareRows = 2 };
+__host__ __device__ __forceinline__ int pair_units(int mt, int n_tiles) {
+  return mt / 2 * n_tiles + (mt & 1) * (n_tiles / 2);
+}
+/* Schedule units (tiles, or pairs of them under TOK 2) of the cursor's expert. */
+template <int TOK>
+__host__ __device__ __forceinline__ int cursor_units(const GemmCursor &cu, int tok_units, int n_tiles, int cls = -1) {
+  const int mt = cursor_row_tiles<TOK>(cu, tok_units, cls);
+  return TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
+}
 /* Mix order (token tiles under tickets): of T tiles, C belong to experts of one tile per
  * output block, whose tiles stream a whole weight block for <= 176 rows (memory-bound);
  * tile t of the launch is the idx-th tile of class cls, the C spread evenly over the T
@@ -330,16 +362,18 @@ __host__ __device__ __forceinline__ int tok_out_cols() {
   return KIND == kGateUpFwd ? 128 : 256;
 }
 
-/* false: t is past the last tile. TOK: token tiles (forward gate+up and down). */
+/* false: t is past the last tile. TOK: token tiles (forward gate+up and down); TOK 2:
+ * t is a pair, rank (0 / 1) picks its tile. */
 template <int KIND, int BN, int TOK = 0>
 __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
-                                                          TileCoord &c, int cls = -1) {
+                                                          TileCoord &c, int cls = -1, int rank = 0) {
   const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
   if constexpr (KindTraits<KIND>::kWgrad) {
     const int m_tiles = (a.m_w + kBM - 1) / kBM, per_e = m_tiles * n_tiles;
     const int e = t / per_e, r = t - e * per_e;
     if (e >= a.num_experts) return false;
+    c.share = 0;
     const int nb = r / m_tiles, mb = r - nb * m_tiles;
     const int o0 = sched_ld(a.expert_offset + e), o1 = sched_ld(a.expert_offset + e + 1);
     c.expert = e;
@@ -359,11 +393,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
       }
       --cu.e;
-      cu.first -= cursor_row_tiles<TOK>(cu, a.tok_units, cls) * n_tiles;
+      cu.first -= cursor_units<TOK>(cu, a.tok_units, n_tiles, cls);
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = cursor_row_tiles<TOK>(cu, a.tok_units, cls) * n_tiles;
+      const int tiles = cursor_units<TOK>(cu, a.tok_units, n_tiles, cls);
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if (++cu.e < a.num_experts) {
@@ -377,9 +411,23 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
      * expert's weights stay in L2 while its rows stream once (an expert of <= raster
      * row tiles: plain output-block-major order) */
     const int mt = cursor_row_tiles<TOK>(cu, a.tok_units, cls), r = t - cu.first;
-    const int gsz = a.raster * n_tiles, grp = r / gsz, w = r - grp * gsz, g0 = grp * a.raster;
-    const int rows_g = mt - g0 < a.raster ? mt - g0 : a.raster;
-    const int nb = w / rows_g, mb = g0 + (w - nb * rows_g);
+    int nb, mb;
+    c.share = 0;
+    if (TOK == 2 && r >= mt / 2 * n_tiles) { /* the odd last token tile: output blocks 2i, 2i + 1 */
+      nb = 2 * (r - mt / 2 * n_tiles) + rank;
+      mb = mt - 1;
+      c.share = kShareRows;
+    } else { /* TOK 2: the same over rows of pairs (raster / 2 of them a group) */
+      const int m = TOK == 2 ? mt / 2 : mt, ras = TOK == 2 ? (a.raster > 1 ? a.raster / 2 : 1) : a.raster;
+      const int gsz = ras * n_tiles, grp = r / gsz, w = r - grp * gsz, g0 = grp * ras;
+      const int rows_g = m - g0 < ras ? m - g0 : ras;
+      nb = w / rows_g;
+      mb = g0 + (w - nb * rows_g);
+      if (TOK == 2) {
+        mb = 2 * mb + rank;
+        c.share = kShareW;
+      }
+    }
     c.expert = cu.e;
     c.n0 = nb * out_cols;
     c.k0 = 0;
@@ -818,6 +866,16 @@ __device__ __forceinline__ void gemm_consumer_finish() {
  * thread). Its epilogue writes [32 rows x 64 outputs] pieces through stmatrix.trans and
  * stores each by TMA (the output maps of token launches have 32-row boxes). */
 constexpr int kTokBufBytes = 64 * 128; /* an epilogue buffer: 64 rows x 64 outputs, bf16 */
+/* CTA pairs (TOK 2): the ticket mailbox, at the end of each CTA's barrier area: CTA 0's
+ * producer takes the pair's tickets and hands each to CTA 1's through two slots (an int
+ * and a barrier `full` in CTA 1, a barrier `empty` in CTA 0, one arrival each). */
+struct PairMail {
+  uint64_t full[2], empty[2];
+  int32_t ticket[2];
+};
+constexpr int kMailOffset = 448;
+static_assert(kMailOffset + (int)sizeof(PairMail) <= 488, "ticket mailbox past the barrier area (trace at 488)");
+
 template <int KIND>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
@@ -832,12 +890,16 @@ struct TokConfig {
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
   static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kBarBytes,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kMailOffset,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
 
-template <int KIND>
+/* One thread: the loads of a token tile into the ring. PAIR: this CTA (rank) and the
+ * other of its cluster run a pair of tiles; the operand they share (c.share) is loaded
+ * half by each, multicast into both, so each CTA's stage receives the same bytes as
+ * alone. Every stage waits for both CTAs' consumers (empty counts four arrivals). */
+template <int KIND, bool PAIR>
 __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
   using TC = TokConfig<KIND>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -850,7 +912,17 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     char *st = sw + TC::kWBytes;
     mbarrier_arrive_expect_tx(bar, stage_tx);
     const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
-    if (KIND == kGateUpFwd) {
+    const int rank = PAIR ? (int)cluster_ctarank() : 0, n32 = c.nt / 32; /* per stage: few registers */
+    const bool share_w = PAIR && !a.pair_solo && c.share == kShareW;
+    const bool share_rows = PAIR && !a.pair_solo && c.share == kShareRows;
+    if (share_w) { /* weight half `rank` into both CTAs */
+      if (KIND == kGateUpFwd) {
+        tma_load_2d_multicast(sw + rank * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * rank, 3);
+        tma_load_2d_multicast(sw + (rank * 2 + 1) * kChunkBytes, &a.tm_b1, bar, kk, row + 64 * rank, 3);
+      } else { /* tm_b1: W_down with 128-row boxes */
+        tma_load_2d_multicast(sw + rank * (TC::kWBytes / 2), &a.tm_b1, bar, kk, row + 128 * rank, 3);
+      }
+    } else if (KIND == kGateUpFwd) {
 #pragma unroll
       for (int ch = 0; ch < 2; ++ch) {
         tma_load_2d(sw + ch * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * ch);
@@ -859,8 +931,15 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     } else {
       tma_load_2d(sw, &a.tm_b0, bar, kk, row); /* W_down rows n0 .. n0+256, one box */
     }
-    for (int b = 0; b < c.nt / 32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
-    if (c.nt & 16) tma_load_2d(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16);
+    if (share_rows) { /* row boxes b with b % 2 == rank (the odd unit's 16 rows: box n32) */
+      for (int b = rank; b < n32; b += 2)
+        tma_load_2d_multicast(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b, 3);
+      if ((c.nt & 16) && (n32 & 1) == rank)
+        tma_load_2d_multicast(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16, 3);
+    } else {
+      for (int b = 0; b < n32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
+      if (c.nt & 16) tma_load_2d(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16);
+    }
     pipe_advance<TC::kStages>(p);
   }
   return true;
@@ -968,7 +1047,15 @@ __device__ __forceinline__ void reg_fence_all(float (&x)[N], float (&y)[N]) {
   }
 }
 
-template <int KIND, int NT>
+/* A consumer warpgroup gives a stage back: to its producer and, in CTA pairs, to the other
+ * CTA's (which multicasts into this stage too). */
+template <bool PAIR>
+__device__ __forceinline__ void tok_release(uint64_t *bar, bool leader) {
+  mbarrier_arrive_if(bar, leader);
+  if (PAIR) mbarrier_arrive_remote_if(bar, cluster_ctarank() ^ 1u, leader); /* read here: no register kept */
+}
+
+template <int KIND, int NT, bool PAIR>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
                                                WaitCtx &w, int wg, int k_blocks) {
   using TC = TokConfig<KIND>;
@@ -994,7 +1081,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     wgmma_commit_group();
     wgmma_wait_group<1>();
     reg_fence_all(acc0, acc1);
-    if (kb > 0) mbarrier_arrive_if(&empty[prev], leader);
+    if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
     prev = p.stage;
     pipe_advance<TC::kStages>(p);
   }
@@ -1002,27 +1089,50 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   reg_fence_all(acc0, acc1);
   /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
   tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2)), wg, acc0, acc1);
-  if (k_blocks > 0) mbarrier_arrive_if(&empty[prev], leader);
+  if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
 }
 
-/* One token tile, both consumer warpgroups (wg = 0, 1). */
-template <int KIND>
+/* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair. */
+template <int KIND, bool PAIR>
 __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 16: tok_consume_nt<KIND, 16>(a, c, smem, p, w, wg, k_blocks); break;
-    case 32: tok_consume_nt<KIND, 32>(a, c, smem, p, w, wg, k_blocks); break;
-    case 48: tok_consume_nt<KIND, 48>(a, c, smem, p, w, wg, k_blocks); break;
-    case 64: tok_consume_nt<KIND, 64>(a, c, smem, p, w, wg, k_blocks); break;
-    case 80: tok_consume_nt<KIND, 80>(a, c, smem, p, w, wg, k_blocks); break;
-    case 96: tok_consume_nt<KIND, 96>(a, c, smem, p, w, wg, k_blocks); break;
-    case 112: tok_consume_nt<KIND, 112>(a, c, smem, p, w, wg, k_blocks); break;
-    case 128: tok_consume_nt<KIND, 128>(a, c, smem, p, w, wg, k_blocks); break;
-    case 144: tok_consume_nt<KIND, 144>(a, c, smem, p, w, wg, k_blocks); break;
-    case 160: tok_consume_nt<KIND, 160>(a, c, smem, p, w, wg, k_blocks); break;
-    default: tok_consume_nt<KIND, 176>(a, c, smem, p, w, wg, k_blocks); break;
+    case 16: tok_consume_nt<KIND, 16, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 32: tok_consume_nt<KIND, 32, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 48: tok_consume_nt<KIND, 48, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 64: tok_consume_nt<KIND, 64, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 80: tok_consume_nt<KIND, 80, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 96: tok_consume_nt<KIND, 96, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 112: tok_consume_nt<KIND, 112, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 128: tok_consume_nt<KIND, 128, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 144: tok_consume_nt<KIND, 144, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 160: tok_consume_nt<KIND, 160, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    default: tok_consume_nt<KIND, 176, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
   }
+}
+
+/* Diagnostics (a.trace): one record per token tile, by the leader of consumer warpgroup 0:
+ * [start, end] in %globaltimer ns (start: the tile's slot read; end: after its epilogue),
+ * (CTA << 32) | tile index, (expert << 32) | (rows << 16) | output block. The record waits
+ * in shared memory (kTraceOffset of the barrier area) while the tile runs: the consumers
+ * keep no register for it. */
+constexpr int kTraceOffset = 488;
+__device__ __forceinline__ void tile_trace_start(const TileCoord &c, char *bars, int t) {
+  volatile unsigned long long *s = reinterpret_cast<volatile unsigned long long *>(bars + kTraceOffset);
+  s[0] = (unsigned long long)blockIdx.x << 32 | (uint32_t)t;
+  s[1] = (unsigned long long)(uint32_t)c.expert << 32 | (uint32_t)c.nt << 16 | (uint32_t)(c.n0 / 128);
+  s[2] = globaltimer_u64();
+}
+__device__ __forceinline__ void tile_trace_end(const GemmTileArgs &a, char *bars) {
+  const volatile unsigned long long *s = reinterpret_cast<const volatile unsigned long long *>(bars + kTraceOffset);
+  const unsigned long long i = atomicAdd(a.trace, 1ull);
+  if (i >= (unsigned long long)a.trace_cap) return;
+  unsigned long long *r = a.trace + 1 + 4 * i;
+  r[0] = s[2];
+  r[1] = globaltimer_u64();
+  r[2] = s[0];
+  r[3] = s[1];
 }
 
 /* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
@@ -1062,24 +1172,24 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   return __any_sync(0xffffffffu, uneven);
 }
 
-/* Mix order totals, one warp: T token tiles of the launch, C of them of experts with one
- * tile per output block. */
-template <int KIND>
+/* Mix order totals, one warp: T token tiles (TOK 2: pairs) of the launch, C of them of
+ * experts with one tile per output block. */
+template <int KIND, int TOK>
 __device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, int &C) {
   const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tok_out_cols<KIND>() - 1) / tok_out_cols<KIND>();
   int t = 0, c = 0;
   for (int e = lane; e < a.num_experts; e += 32) {
     const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
     const int mt = tok_tiles(tok_rows(a, e, seg), a.tok_units);
-    t += mt;
-    c += mt == 1;
+    t += TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
+    c += mt == 1 ? (TOK == 2 ? n_tiles / 2 : n_tiles) : 0;
   }
   for (int o = 16; o > 0; o >>= 1) {
     t += __shfl_xor_sync(0xffffffffu, t, o);
     c += __shfl_xor_sync(0xffffffffu, c, o);
   }
-  T = t * n_tiles;
-  C = c * n_tiles;
+  T = t;
+  C = c;
 }
 
 template <bool B, class T, class F>
@@ -1104,11 +1214,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
    * k_blocks, nt, z_end], so the consumers keep no cursor */
   volatile int *slot = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
 
+  PairMail *mail = reinterpret_cast<PairMail *>(smem + TC::kBarOffset + kMailOffset);
   if (threadIdx.x == 0) {
     for (int s = 0; s < TC::kStages; ++s) {
       mbarrier_init(&full[s], 1);  /* the producer's arrive.expect_tx */
-      mbarrier_init(&empty[s], 2); /* one arrive per consumer warpgroup */
+      mbarrier_init(&empty[s], TOK == 2 ? 4 : 2); /* one arrive per consumer warpgroup (of both CTAs) */
     }
+    if (TOK == 2)
+      for (int s = 0; s < 2; ++s) {
+        mbarrier_init(&mail->full[s], 1);
+        mbarrier_init(&mail->empty[s], 1);
+      }
     mbarrier_init(&empty[TC::kStages], 1);     /* aux[0]: leader of consumer WG 0 */
     mbarrier_init(&empty[TC::kStages + 1], 1); /* aux[1] */
     for (int s = 0; s < kSchedSlots; ++s) {
@@ -1118,17 +1234,21 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     fence_mbarrier_init();
   }
   __syncthreads();
+  if constexpr (TOK == 2) cluster_sync(); /* the other CTA's barriers exist before anything reaches them */
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
   PipeState p = {0, 0u}, sp = {0, 0u};
   TileCoord c;
   WaitCtx w = wait_ctx(a);
   if (wg == 0) {
-    setmaxnreg_dec<kProducerRegs>();
-    if (threadIdx.x >= 32) return;
+    setmaxnreg_dec<TOK == 2 ? kPairProducerRegs : kProducerRegs>();
+    if (threadIdx.x >= 32) { /* CTA pairs: every thread takes part in the final cluster_sync */
+      if constexpr (TOK == 2) cluster_sync();
+      return;
+    }
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
     int mix_T = 0, mix_C = 0;
-    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd>(a, mix_T, mix_C);
+    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kSlotInts * kSchedSlots + 2 * (int)(sizeof(GemmCursor) / sizeof(int));
@@ -1145,17 +1265,21 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       GemmCursor &cu = cur[0];
       gemm_cursor_init(a, cur[0]);
       gemm_cursor_init(a, cur[1]);
-      for (int t = blockIdx.x;;) {
+      /* TOK 2: t numbers pairs, one per cluster at a time; both CTAs decode the same t */
+      const int units = TOK == 2 ? (int)gridDim.x / 2 : (int)gridDim.x;
+      int mails = 0; /* tickets through the mailbox so far (slot mails & 1, parity mails >> 1 & 1) */
+      for (int t = TOK == 2 ? (int)blockIdx.x / 2 : (int)blockIdx.x;;) {
+        const int rank = TOK == 2 ? (int)cluster_ctarank() : 0;
         bool more;
         if (mix) { /* two cursors: one per class */
           int cls = 0, idx = 0;
           const int T = mix_tc[0];
           if ((more = t < T)) {
             mix_tile(t, T, mix_tc[1], cls, idx);
-            more = gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls);
+            more = gemm_decode_tile<KIND, BN, TOK>(a, cur[cls], idx, c, cls, rank);
           }
         } else {
-          more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c);
+          more = gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c, -1, rank);
         }
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
@@ -1166,11 +1290,32 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
-        const int next = tickets ? (int)gridDim.x + atomicAdd(&a.sched[0], 1) : t + (int)gridDim.x;
+        int next = t + units;
+        if (tickets) {
+          if (TOK != 2) {
+            next = units + atomicAdd(&a.sched[0], 1);
+          } else { /* CTA 0 takes the pair's ticket and hands it to CTA 1 */
+            const int ms = mails & 1;
+            const uint32_t mph = (uint32_t)(mails >> 1) & 1u;
+            int v;
+            if (cluster_ctarank() == 0) {
+              v = atomicAdd(&a.sched[0], 1);
+              if (!bar_wait(&mail->empty[ms], mph ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
+              st_shared_remote_u32(&mail->ticket[ms], 1u, (uint32_t)v);
+              mbarrier_arrive_remote_cluster_if(&mail->full[ms], 1u, 1);
+            } else {
+              if (!bar_wait<true>(&mail->full[ms], mph, w, MOK_WAIT_GEMM_SCHED)) break;
+              v = *reinterpret_cast<volatile int32_t *>(&mail->ticket[ms]);
+              mbarrier_arrive_remote_if(&mail->empty[ms], 0u, 1);
+            }
+            ++mails;
+            next = units + v;
+          }
+        }
         w.tile = (uint32_t)t;
         if (t == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
-        if constexpr (TOK != 0) ok = tok_tile_produce<KIND>(a, c, smem, p, w);
+        if constexpr (TOK != 0) ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w);
         else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         if (!ok) break;
         t = next;
@@ -1182,7 +1327,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       }
     }
   } else {
-    setmaxnreg_inc<kConsumerRegs>();
+    setmaxnreg_inc<TOK == 2 ? kPairConsumerRegs : kConsumerRegs>();
     EpiState st = {0, 0u};
     for (;;) {
       w.tile = (uint32_t)sp.stage;
@@ -1198,11 +1343,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       pipe_advance<kSchedSlots>(sp);
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */
       w.tile = (uint32_t)t;
-      if constexpr (TOK != 0) tok_tile_consume<KIND>(a, c, smem, p, w, wg - 1);
+      if constexpr (TOK != 0) {
+        if (a.trace && threadIdx.x == 128) tile_trace_start(c, smem + TC::kBarOffset, t);
+        tok_tile_consume<KIND, TOK == 2>(a, c, smem, p, w, wg - 1);
+        if (a.trace && threadIdx.x == 128) tile_trace_end(a, smem + TC::kBarOffset);
+      }
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
     gemm_consumer_finish();
   }
+  /* CTA pairs: neither CTA leaves while the other may still arrive on its barriers */
+  if constexpr (TOK == 2) cluster_sync();
 }
 
 } /* namespace mok_sm90 */

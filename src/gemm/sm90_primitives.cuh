@@ -68,6 +68,73 @@ __device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t *bar, uint32_t
   return done != 0;
 }
 
+/* The same test with acquire semantics at cluster scope: for a barrier that another CTA
+ * of the cluster arrives on after writing this CTA's shared memory (st_shared_remote). */
+__device__ __forceinline__ bool mbarrier_try_wait_parity_cluster(uint64_t *bar, uint32_t parity) {
+  uint32_t done;
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
+      "selp.u32 %0, 1, 0, p;\n"
+      "}\n"
+      : "=r"(done)
+      : "r"(smem_u32(bar)), "r"(parity)
+      : "memory");
+  return done != 0;
+}
+
+/* ---- clusters (distributed shared memory) --------------------------------------- */
+__device__ __forceinline__ uint32_t cluster_ctarank() {
+  uint32_t r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+/* The shared::cluster address of the same offset as local `p` in CTA `rank`'s memory. */
+__device__ __forceinline__ uint32_t mapa_shared(const void *p, uint32_t rank) {
+  uint32_t r;
+  asm volatile("mapa.shared::cluster.u32 %0, %1, %2;" : "=r"(r) : "r"(smem_u32(p)), "r"(rank));
+  return r;
+}
+/* Arrive on the barrier at the same offset as local `bar` in CTA `rank`, where pred != 0
+ * (predicated, no branch). The default semantics (release at CTA scope): enough to hand a
+ * stage back whose reads were wgmmas this thread waited for; the cluster-scope form
+ * (mbarrier_arrive_remote_cluster_if) orders this thread's earlier shared::cluster
+ * stores for the other CTA. */
+__device__ __forceinline__ void mbarrier_arrive_remote_if(uint64_t *bar, uint32_t rank, int pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      ".reg .b32 ra;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(rank), "r"(pred)
+      : "memory");
+}
+__device__ __forceinline__ void mbarrier_arrive_remote_cluster_if(uint64_t *bar, uint32_t rank, int pred) {
+  asm volatile(
+      "{\n"
+      ".reg .pred p;\n"
+      ".reg .b32 ra;\n"
+      "setp.ne.b32 p, %2, 0;\n"
+      "mapa.shared::cluster.u32 ra, %0, %1;\n"
+      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
+      "}\n" ::"r"(smem_u32(bar)),
+      "r"(rank), "r"(pred)
+      : "memory");
+}
+/* Writes v at the same offset as local `p` in CTA `rank`'s shared memory. */
+__device__ __forceinline__ void st_shared_remote_u32(const void *p, uint32_t rank, uint32_t v) {
+  asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(mapa_shared(p, rank)), "r"(v) : "memory");
+}
+/* All non-exited threads of the cluster: release what this thread wrote, wait for the
+ * others, acquire what they wrote. Not .aligned: threads may come from divergent code. */
+__device__ __forceinline__ void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release;\nbarrier.cluster.wait.acquire;" ::: "memory");
+}
+
 /* %globaltimer: nanoseconds, the same clock on every SM. */
 __device__ __forceinline__ unsigned long long globaltimer_u64() {
   unsigned long long t;
@@ -116,6 +183,17 @@ __device__ __forceinline__ void tma_load_2d(void *dst, const CUtensorMap *map, u
       "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes"
       " [%0], [%1, {%2, %3}], [%4];" ::"r"(smem_u32(dst)),
       "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar))
+      : "memory");
+}
+
+/* tma_load_2d into the same offset of every CTA of the cluster in `mask` (bit i: CTA
+ * rank i); each destination's barrier at the offset of `bar` gets the bytes it received. */
+__device__ __forceinline__ void tma_load_2d_multicast(void *dst, const CUtensorMap *map, uint64_t *bar, int c0,
+                                                      int c1, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.tile.mbarrier::complete_tx::bytes.multicast::cluster"
+      " [%0], [%1, {%2, %3}], [%4], %5;" ::"r"(smem_u32(dst)),
+      "l"((uint64_t)map), "r"(c0), "r"(c1), "r"(smem_u32(bar)), "h"(mask)
       : "memory");
 }
 
