@@ -192,6 +192,7 @@ static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gem
 static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
 static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 = on, 2 = off) */
 static int g_pairs = 0; /* token tiles in 2-CTA clusters (0 = pair_rule, 1 = on, 2 = off, 3 = solo) */
+static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
 
@@ -218,6 +219,22 @@ static int pair_rule(int kind, int n_tiles) {
 extern "C" mokResult_t mok_gemm_debug_pairs(int mode) {
   if (mode < 0 || mode > 3) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_pairs: mode %d", mode);
   __atomic_store_n(&g_pairs, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+/* Stagger (grouped_gemm.cuh tok_units_of) for both forward kinds; the kernel drops it
+ * under tickets. Measured (docs/PERF.md, 1x H200, static schedule, on vs off): gate+up
+ * +1.4% qwen3.5 R320, +1.7% R512, deepseek-v4-pro +1%, glm level; down kimi R341 +2%,
+ * deepseek-v4-pro +1.5%, glm +0.6%, qwen3.5 level. */
+static int stagger_rule(int kind) {
+  const int knob = __atomic_load_n(&g_stagger, __ATOMIC_RELAXED);
+  (void)kind;
+  return knob ? knob == 1 : 1;
+}
+
+extern "C" mokResult_t mok_gemm_debug_stagger(int mode) {
+  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_stagger: mode %d", mode);
+  __atomic_store_n(&g_stagger, mode, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -416,6 +433,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
+  a.stagger = stagger_rule(mokGemmGateUpFwd);
   if (ts.token && pair_rule(mokGemmGateUpFwd, inter / 128))
     return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
@@ -449,6 +467,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
+  a.stagger = stagger_rule(mokGemmDownFwd);
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);

@@ -150,6 +150,10 @@ mokResult_t mok_gemm_debug_pairs(int mode);
  * expert << 32 | rows << 16 | output block (of 128 columns)}; records past cap are dropped.
  * NULL turns it off. Process-wide. */
 mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap);
+/* Benchmarks: forward token tiles of expert 0 cut half as large (at most (U + 1) / 2 units
+ * of 16 rows), so that the CTAs running them go out of step with the others: 0 = the
+ * library's rule, 1 = on, 2 = off. Process-wide. */
+mokResult_t mok_gemm_debug_stagger(int mode);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

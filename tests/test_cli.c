@@ -63,6 +63,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --raster 0", "--raster N"},
       {"bench gemm --mix sometimes", "--mix on|off"},
       {"bench gemm --pairs 2", "--pairs on|off"},
+      {"bench gemm --stagger yes", "--stagger on|off"},
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
   };
   for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++) {

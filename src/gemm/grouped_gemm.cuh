@@ -130,6 +130,8 @@ struct GemmTileArgs {
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
   int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
+  int stagger;    /* token tiles under the static schedule: expert 0's tiles at most half as
+                     many units (tok_units_of) */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
   int k_len;      /* reduction length of row-grouped kinds: H, I, H, 2I */
   int b_rows;     /* rows of one expert in the weight tensor maps: I or H */
@@ -262,7 +264,8 @@ __host__ __device__ __forceinline__ int tile_out_cols() {
  * change while the kernel runs. */
 struct GemmCursor {
   int e, first, o0, o1;
-  int n; /* token tiles: rows of the segment the tiles cover (tok_rows) */
+  int n;       /* token tiles: rows of the segment the tiles cover (tok_rows) */
+  int stagger; /* token tiles: a.stagger, unless the launch hands tiles out by tickets */
 };
 static_assert(sizeof(GemmCursor) <= 32, "two cursors after the slots take 64 bytes");
 
@@ -315,12 +318,21 @@ __host__ __device__ __forceinline__ int tok_rows(const GemmTileArgs &a, int e, i
   n = (n + kTokUnit - 1) / kTokUnit * kTokUnit;
   return n < seg ? n : seg;
 }
+/* Most units of the cursor's expert's token tiles. Stagger: expert 0's tiles are cut half
+ * as large, so the CTAs that run them in the first wave finish early and from then on run
+ * half a tile out of step with the others (equal tiles under the static schedule keep
+ * every CTA in lock step: all start their weight loads, and all write their outputs, at
+ * the same moments). Tickets desynchronise CTAs anyway (the kernel drops stagger there). */
+__host__ __device__ __forceinline__ int tok_units_of(const GemmTileArgs &a, const GemmCursor &cu) {
+  return cu.stagger && cu.e == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
+}
 __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a, GemmCursor &cu) {
   cu.e = 0;
   cu.first = 0;
   cu.o0 = sched_ld(a.expert_offset);
   cu.o1 = sched_ld(a.expert_offset + 1);
   cu.n = tok_rows(a, 0, cu.o1 - cu.o0);
+  cu.stagger = a.stagger;
 }
 /* Tiles of the cursor's expert per output block. cls (token tiles, mix order): -1 every
  * expert; 1 only experts of one tile per output block, 0 only the others (the tiles of
@@ -393,11 +405,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
       }
       --cu.e;
-      cu.first -= cursor_units<TOK>(cu, a.tok_units, n_tiles, cls);
+      cu.first -= cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = cursor_units<TOK>(cu, a.tok_units, n_tiles, cls);
+      const int tiles = cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if (++cu.e < a.num_experts) {
@@ -410,7 +422,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
      * share a weight block), every output block before the next group, so a hot
      * expert's weights stay in L2 while its rows stream once (an expert of <= raster
      * row tiles: plain output-block-major order) */
-    const int mt = cursor_row_tiles<TOK>(cu, a.tok_units, cls), r = t - cu.first;
+    const int mt = cursor_row_tiles<TOK>(cu, tok_units_of(a, cu), cls), r = t - cu.first;
     int nb, mb;
     c.share = 0;
     if (TOK == 2 && r >= mt / 2 * n_tiles) { /* the odd last token tile: output blocks 2i, 2i + 1 */
@@ -434,7 +446,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     c.k_blocks = a.k_len / kBK;
     if (TOK) {
       int off, nt;
-      tok_tile(cu.n, a.tok_units, mb, off, nt);
+      tok_tile(cu.n, tok_units_of(a, cu), mb, off, nt);
       c.m0 = cu.o0 + off;
       c.m_end = c.m0 + nt;
       c.nt = nt;
@@ -1157,7 +1169,7 @@ __device__ __forceinline__ void tile_trace_end(const GemmTileArgs &a, char *bars
 template <int KIND, int TOK>
 __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   if (KindTraits<KIND>::kWgrad) return true;
-  const int lane = threadIdx.x & 31;
+  const int lane = threadIdx.x & 31; /* (stagger's smaller tiles of expert 0 do not count) */
   const int32_t rows0 = tok_rows(a, 0, __ldg(a.expert_offset + 1) - __ldg(a.expert_offset));
   bool uneven = false;
   for (int e = lane; e < a.num_experts; e += 32) {
@@ -1180,7 +1192,7 @@ __device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, in
   int t = 0, c = 0;
   for (int e = lane; e < a.num_experts; e += 32) {
     const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
-    const int mt = tok_tiles(tok_rows(a, e, seg), a.tok_units);
+    const int mt = tok_tiles(tok_rows(a, e, seg), a.tok_units); /* (tickets: no stagger) */
     t += TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
     c += mt == 1 ? (TOK == 2 ? n_tiles / 2 : n_tiles) : 0;
   }
@@ -1265,6 +1277,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       GemmCursor &cu = cur[0];
       gemm_cursor_init(a, cur[0]);
       gemm_cursor_init(a, cur[1]);
+      cur[0].stagger = cur[1].stagger = a.stagger && !tickets;
       /* TOK 2: t numbers pairs, one per cluster at a time; both CTAs decode the same t */
       const int units = TOK == 2 ? (int)gridDim.x / 2 : (int)gridDim.x;
       int mails = 0; /* tickets through the mailbox so far (slot mails & 1, parity mails >> 1 & 1) */
