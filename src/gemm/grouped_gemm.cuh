@@ -45,6 +45,12 @@
  * wgmma N side, cut per expert into 64-160-row tiles that fit the segment (no 64-row
  * remainder of a 128-row grid), 256 weight rows the M side: see "token tiles" below
  * (tok_tile_produce / tok_tile_consume, TokConfig).
+ * Token tiles may run in CTA pairs (grouped_gemm_kernel TOK 2, a 2-CTA cluster): the unit
+ * of the schedule is then a pair of tiles that share an operand (the weight block, or a
+ * tile's rows), loaded half by each CTA and multicast into both; every stage waits for the
+ * consumers of both CTAs; CTA 0 takes the pair's tickets and hands them to CTA 1 through a
+ * mailbox in shared memory (PairMail). A diagnostic trace (a.trace) records each token
+ * tile's start and end (tile_trace_start / tile_trace_end).
  */
 #ifndef MOK_GEMM_GROUPED_GEMM_CUH
 #define MOK_GEMM_GROUPED_GEMM_CUH
