@@ -627,7 +627,8 @@ MOK_GPU_TEST(gemm_gpu_many_experts, 1) {
 
 /* ---- GPU: a lost load becomes a reported timeout, and the next launches still work -- */
 MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
-  /* The producer of tile 2 never issues its loads (test knob): its consumers' wait must
+  /* The producer of tile 2 (alone, then in CTA pairs: pair 2) never issues its loads
+   * (test knob): its consumers' wait must
    * run out after the 50 ms budget, record TIMEOUT / GEMM load / tile 2 in the module's
    * error word and end the kernel (polled for at most 10 s, never synchronised blindly).
    * Then, knob off and word cleared, a full chain of every kind must be right again: the
@@ -652,34 +653,39 @@ MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
   CHECK(cudaMemset(wu, 0, (size_t)E * I * H * 2) == cudaSuccess);
   unsigned long long word = 0;
   CHECK_OK(mok_gemm_error_word(&word, 1)); /* start clean */
-  CHECK_OK(mok_gemm_debug_set(50000000ull, 2));
-  const mokGemmRows_t rows = {E, cap, off};
-  const mokResult_t launched = mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wu, act, NULL, s);
-  CHECK_OK(mok_gemm_debug_set(0, -1));
-  CHECK_OK(launched);
-  struct timespec t0, t1;
-  clock_gettime(CLOCK_MONOTONIC, &t0);
-  cudaError_t q;
-  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
-    clock_gettime(CLOCK_MONOTONIC, &t1);
-    if ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) > 10.0) {
-      printf("FAIL  %-52s  the GEMM with a lost load still runs after 10 s: its waits are not bounded. "
-             "Ending the test run here.\n", "gemm_gpu_stalled_load_times_out");
-      fflush(stdout);
-      _Exit(1);
+  /* alone, then in CTA pairs (2-CTA clusters, tickets through the mailbox: tile 2 is pair 2) */
+  for (int pairs = 0; pairs < 2 && !t->failed; ++pairs) {
+    CHECK_OK(mok_gemm_debug_pairs(pairs ? 1 : 2));
+    CHECK_OK(mok_gemm_debug_set(50000000ull, 2));
+    const mokGemmRows_t rows = {E, cap, off};
+    const mokResult_t launched = mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wu, act, NULL, s);
+    CHECK_OK(mok_gemm_debug_set(0, -1));
+    CHECK_OK(mok_gemm_debug_pairs(0));
+    CHECK_OK(launched);
+    struct timespec t0, t1;
+    clock_gettime(CLOCK_MONOTONIC, &t0);
+    cudaError_t q;
+    while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
+      clock_gettime(CLOCK_MONOTONIC, &t1);
+      if ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) > 10.0) {
+        printf("FAIL  %-52s  the GEMM with a lost load still runs after 10 s: its waits are not bounded. "
+               "Ending the test run here.\n", "gemm_gpu_stalled_load_times_out");
+        fflush(stdout);
+        _Exit(1);
+      }
+      struct timespec nap = {0, 1000000};
+      nanosleep(&nap, NULL);
     }
-    struct timespec nap = {0, 1000000};
-    nanosleep(&nap, NULL);
+    CHECK_MSG(q == cudaSuccess, "the aborted GEMM launch failed: %s (it must end cleanly)", cudaGetErrorString(q));
+    CHECK_OK(mok_gemm_error_word(&word, 1));
+    CHECK_MSG(MOK_ERRWORD_KIND(word) == MOK_DEVERR_TIMEOUT, "error word 0x%llx: kind %u, want timeout (%u)", word,
+              MOK_ERRWORD_KIND(word), MOK_DEVERR_TIMEOUT);
+    CHECK_MSG(MOK_ERRWORD_WHAT(word) == MOK_WAIT_GEMM_LOAD && MOK_ERRWORD_WHERE(word) == 2,
+              "error word 0x%llx: what %u where %u, want a GEMM load wait (%d) of tile 2", word, MOK_ERRWORD_WHAT(word),
+              MOK_ERRWORD_WHERE(word), MOK_WAIT_GEMM_LOAD);
+    CHECK_OK(mok_gemm_error_word(&word, 0));
+    CHECK_MSG(word == 0, "the error word was not cleared: 0x%llx", word);
   }
-  CHECK_MSG(q == cudaSuccess, "the aborted GEMM launch failed: %s (it must end cleanly)", cudaGetErrorString(q));
-  CHECK_OK(mok_gemm_error_word(&word, 1));
-  CHECK_MSG(MOK_ERRWORD_KIND(word) == MOK_DEVERR_TIMEOUT, "error word 0x%llx: kind %u, want timeout (%u)", word,
-            MOK_ERRWORD_KIND(word), MOK_DEVERR_TIMEOUT);
-  CHECK_MSG(MOK_ERRWORD_WHAT(word) == MOK_WAIT_GEMM_LOAD && MOK_ERRWORD_WHERE(word) == 2,
-            "error word 0x%llx: what %u where %u, want a GEMM load wait (%d) of tile 2", word, MOK_ERRWORD_WHAT(word),
-            MOK_ERRWORD_WHERE(word), MOK_WAIT_GEMM_LOAD);
-  CHECK_OK(mok_gemm_error_word(&word, 0));
-  CHECK_MSG(word == 0, "the error word was not cleared: 0x%llx", word);
   cudaStreamDestroy(s);
   cudaFree(off); cudaFree(x); cudaFree(wg); cudaFree(wu); cudaFree(act);
   static const int again[4] = {130, 0, 64, 257};
