@@ -14,10 +14,7 @@ for path in sys.argv[1:]:
                 r[k] = int(r[k])
         span = max(r["end_ns"] for r in rs)
         ctas = len(set(r["cta"] for r in rs))
-        per_exp = collections.defaultdict(set)
-        for r in rs:
-            per_exp[(r["expert"])].add(r["tile"] if False else (r["rows"], r["start_ns"] * 0))
-        # an expert's tiles per output block: distinct row counts are not enough; count tiles / blocks
+        # single-tile experts: as many tiles as output blocks
         tiles_e = collections.Counter(r["expert"] for r in rs)
         blocks_e = collections.defaultdict(set)
         for r in rs:

@@ -210,9 +210,8 @@ static int mix_rule(int kind) {
  * pairs (an even count): off unless asked for. Measured (docs/PERF.md, 1x H200, pairs vs
  * alone): down kimi R341 +3%, every other shape and kind -1..-6% (qwen3.5 R320 down -3%,
  * glm R512 down -3%, qwen3.5 R512 down -4%), Zipf 1.2 -1..-3% (kimi gate+up +1%). */
-static int pair_rule(int kind, int n_tiles) {
+static int pair_rule(int n_tiles) {
   const int knob = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED);
-  (void)kind;
   return n_tiles % 2 == 0 && (knob == 1 || knob == 3);
 }
 
@@ -226,9 +225,8 @@ extern "C" mokResult_t mok_gemm_debug_pairs(int mode) {
  * under tickets. Measured (docs/PERF.md, 1x H200, static schedule, on vs off): gate+up
  * +1.4% qwen3.5 R320, +1.7% R512, deepseek-v4-pro +1%, glm level; down kimi R341 +2%,
  * deepseek-v4-pro +1.5%, glm +0.6%, qwen3.5 level. */
-static int stagger_rule(int kind) {
+static int stagger_rule(void) {
   const int knob = __atomic_load_n(&g_stagger, __ATOMIC_RELAXED);
-  (void)kind;
   return knob ? knob == 1 : 1;
 }
 
@@ -433,8 +431,8 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
-  a.stagger = stagger_rule(mokGemmGateUpFwd);
-  if (ts.token && pair_rule(mokGemmGateUpFwd, inter / 128))
+  a.stagger = stagger_rule();
+  if (ts.token && pair_rule(inter / 128))
     return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
   return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
@@ -457,7 +455,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
-  const int pairs = ts.token && pair_rule(mokGemmDownFwd, hidden / 256);
+  const int pairs = ts.token && pair_rule(hidden / 256);
   if (pairs) MOK_CHECK(make_map(&a.tm_b1, w_down, inter, E * hidden, 128, "w_down")); /* a CTA's half */
   a.n_out = hidden;
   a.k_len = inter;
@@ -467,7 +465,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
-  a.stagger = stagger_rule(mokGemmDownFwd);
+  a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
