@@ -107,8 +107,11 @@ MOK_TEST(gemm_validation) {
  * the last one of a segment maybe 64 rows; or token tiles of 16-row units, at most
  * tok_units of them, over the whole segment or, with expert counts, over the routed rows
  * rounded up to 16, the last tile
- * owning the zero rows after them), in order, in a persistent CTA's strided order, and in
- * random order (the cursor walks either way). */
+ * owning the zero rows after them; with stagger, expert 0's tiles at most (units + 1) / 2
+ * units), in order, in a persistent CTA's strided order, and in random order (the cursor
+ * walks either way). TOK 2 (CTA pairs): the units are pairs (rows of pairs sharing the
+ * weight block, then an odd last tile's output blocks in twos sharing its rows), each
+ * rank's tile decoded from a cursor of its own. */
 template <int KIND, int BN, int TOK = 0>
 static int check_schedule(rng_t *r, char *why, size_t n) {
   using namespace mok_sm90;
@@ -199,27 +202,27 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
           want[total++] = tile(mt - 1, 2 * i, kShareRows);
         }
     } else {
-    for (int g0 = 0; g0 < mt; g0 += raster)
-    for (int nb = 0; nb < n_tiles; ++nb)
-      for (int mb = g0; mb < mt && mb < g0 + raster && total < kMaxTiles; ++mb) {
-        TileCoord c;
-        memset(&c, 0, sizeof c);
-        c.expert = e;
-        c.n0 = nb * oc;
-        if (TOK) {
-          c.m0 = off[e] + tok_off[mb], c.m_end = c.m0 + tok_nt[mb], c.nt = tok_nt[mb], c.k_blocks = a.k_len / 64;
-          c.z_end = mb == mt - 1 ? off[e + 1] : c.m_end;
-          if (c.m_end > off[e + 1]) return snprintf(why, n, "token tile past its segment"), 0;
-        } else if (KindTraits<KIND>::kWgrad) {
-          c.m0 = mb * 128, c.m_end = a.m_w, c.k0 = off[e], c.k_blocks = (off[e + 1] - off[e]) / 64;
-          c.z_end = c.m_end;
-        } else {
-          c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
-          c.z_end = c.m_end;
+      for (int g0 = 0; g0 < mt; g0 += raster)
+      for (int nb = 0; nb < n_tiles; ++nb)
+        for (int mb = g0; mb < mt && mb < g0 + raster && total < kMaxTiles; ++mb) {
+          TileCoord c;
+          memset(&c, 0, sizeof c);
+          c.expert = e;
+          c.n0 = nb * oc;
+          if (TOK) {
+            c.m0 = off[e] + tok_off[mb], c.m_end = c.m0 + tok_nt[mb], c.nt = tok_nt[mb], c.k_blocks = a.k_len / 64;
+            c.z_end = mb == mt - 1 ? off[e + 1] : c.m_end;
+            if (c.m_end > off[e + 1]) return snprintf(why, n, "token tile past its segment"), 0;
+          } else if (KindTraits<KIND>::kWgrad) {
+            c.m0 = mb * 128, c.m_end = a.m_w, c.k0 = off[e], c.k_blocks = (off[e + 1] - off[e]) / 64;
+            c.z_end = c.m_end;
+          } else {
+            c.m0 = off[e] + mb * 128, c.m_end = off[e + 1], c.k0 = 0, c.k_blocks = a.k_len / 64;
+            c.z_end = c.m_end;
+          }
+          single[total] = mt == 1;
+          want[total++] = c;
         }
-        single[total] = mt == 1;
-        want[total++] = c;
-      }
     }
   }
   if (total >= kMaxTiles) return 1; /* layout too big for the table: skip it */
