@@ -1321,7 +1321,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
               v = atomicAdd(&a.sched[0], 1);
               if (!bar_wait(&mail->empty[ms], mph ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
               st_shared_remote_u32(&mail->ticket[ms], 1u, (uint32_t)v);
-              mbarrier_arrive_remote_cluster_if(&mail->full[ms], 1u, 1);
+              mbarrier_arrive_remote_if<true>(&mail->full[ms], 1u, 1);
             } else {
               if (!bar_wait<true>(&mail->full[ms], mph, w, MOK_WAIT_GEMM_SCHED)) break;
               v = *reinterpret_cast<volatile int32_t *>(&mail->ticket[ms]);

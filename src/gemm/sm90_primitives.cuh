@@ -98,33 +98,25 @@ __device__ __forceinline__ uint32_t mapa_shared(const void *p, uint32_t rank) {
 }
 /* Arrive on the barrier at the same offset as local `bar` in CTA `rank`, where pred != 0
  * (predicated, no branch). The default semantics (release at CTA scope): enough to hand a
- * stage back whose reads were wgmmas this thread waited for; the cluster-scope form
- * (mbarrier_arrive_remote_cluster_if) orders this thread's earlier shared::cluster
- * stores for the other CTA. */
+ * stage back whose reads were wgmmas this thread waited for (a cluster-scope release on
+ * every stage cost 30%, docs/PERF.md). kCluster: release at cluster scope, which orders
+ * this thread's earlier shared::cluster stores for the other CTA (st_shared_remote_u32). */
+#define MOK_ARRIVE_REMOTE_PTX(SEM)                                                              \
+  "{\n"                                                                                        \
+  ".reg .pred p;\n"                                                                            \
+  ".reg .b32 ra;\n"                                                                            \
+  "setp.ne.b32 p, %2, 0;\n"                                                                    \
+  "mapa.shared::cluster.u32 ra, %0, %1;\n"                                                     \
+  "@p mbarrier.arrive" SEM ".shared::cluster.b64 _, [ra];\n"                                   \
+  "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ void mbarrier_arrive_remote_if(uint64_t *bar, uint32_t rank, int pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      ".reg .b32 ra;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "@p mbarrier.arrive.shared::cluster.b64 _, [ra];\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(rank), "r"(pred)
-      : "memory");
+  if constexpr (kCluster)
+    asm volatile(MOK_ARRIVE_REMOTE_PTX(".release.cluster")::"r"(smem_u32(bar)), "r"(rank), "r"(pred) : "memory");
+  else
+    asm volatile(MOK_ARRIVE_REMOTE_PTX("")::"r"(smem_u32(bar)), "r"(rank), "r"(pred) : "memory");
 }
-__device__ __forceinline__ void mbarrier_arrive_remote_cluster_if(uint64_t *bar, uint32_t rank, int pred) {
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      ".reg .b32 ra;\n"
-      "setp.ne.b32 p, %2, 0;\n"
-      "mapa.shared::cluster.u32 ra, %0, %1;\n"
-      "@p mbarrier.arrive.release.cluster.shared::cluster.b64 _, [ra];\n"
-      "}\n" ::"r"(smem_u32(bar)),
-      "r"(rank), "r"(pred)
-      : "memory");
-}
+#undef MOK_ARRIVE_REMOTE_PTX
 /* Writes v at the same offset as local `p` in CTA `rank`'s shared memory. */
 __device__ __forceinline__ void st_shared_remote_u32(const void *p, uint32_t rank, uint32_t v) {
   asm volatile("st.shared::cluster.u32 [%0], %1;" ::"r"(mapa_shared(p, rank)), "r"(v) : "memory");
