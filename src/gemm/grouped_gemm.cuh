@@ -191,20 +191,16 @@ __device__ __forceinline__ WaitCtx wait_ctx(const GemmTileArgs &a) {
 /* The slow path touches neither the clock nor global memory for its first 2048 tests
  * (a normal wait ends there; a load of the error word in the loop would delay noticing
  * the phase by an L2 round trip), then checks both every 256 tests. */
-template <bool kCluster = false> /* acquire at cluster scope (mbarrier_try_wait_parity_cluster) */
-__device__ __forceinline__ bool bar_try(uint64_t *bar, uint32_t parity) {
-  return kCluster ? mbarrier_try_wait_parity_cluster(bar, parity) : mbarrier_try_wait_parity(bar, parity);
-}
-template <bool kCluster = false>
+template <bool kCluster = false> /* acquire at cluster scope (mbarrier_try_wait_parity) */
 __device__ __forceinline__ bool bar_wait(uint64_t *bar, uint32_t parity, WaitCtx &w, uint32_t what) {
-  if (bar_try<kCluster>(bar, parity)) return true;
+  if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
   if (w.dead) return false;
   for (int spin = 0; spin < 2048; ++spin)
-    if (bar_try<kCluster>(bar, parity)) return true;
+    if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
   const unsigned long long start = globaltimer_u64();
   for (;;) {
     for (int spin = 0; spin < 256; ++spin)
-      if (bar_try<kCluster>(bar, parity)) return true;
+      if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
     if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) {
       w.dead = true;
       return false;

@@ -53,36 +53,25 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_
  * Acquire semantics at CTA scope: what the TMA wrote is visible once it returns true.
  * Parity only: a waiter must not fall two phases behind the barrier (it would wait for
  * the phase after), so every thread that waits must be one the ring waits for too.
- * The GEMM tiles wait through mok_sm90::bar_wait (grouped_gemm.cuh), which bounds it. */
+ * The GEMM tiles wait through mok_sm90::bar_wait (grouped_gemm.cuh), which bounds it.
+ * kCluster: acquire at cluster scope instead, for a barrier that another CTA of the
+ * cluster arrives on after writing this CTA's shared memory (st_shared_remote_u32). */
+#define MOK_TRY_WAIT_PTX(SEM)                                                                   \
+  "{\n"                                                                                        \
+  ".reg .pred p;\n"                                                                            \
+  "mbarrier.try_wait.parity" SEM ".shared::cta.b64 p, [%1], %2;\n"                             \
+  "selp.u32 %0, 1, 0, p;\n"                                                                    \
+  "}\n"
+template <bool kCluster = false>
 __device__ __forceinline__ bool mbarrier_try_wait_parity(uint64_t *bar, uint32_t parity) {
   uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
+  if constexpr (kCluster)
+    asm volatile(MOK_TRY_WAIT_PTX(".acquire.cluster") : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
+  else
+    asm volatile(MOK_TRY_WAIT_PTX("") : "=r"(done) : "r"(smem_u32(bar)), "r"(parity) : "memory");
   return done != 0;
 }
-
-/* The same test with acquire semantics at cluster scope: for a barrier that another CTA
- * of the cluster arrives on after writing this CTA's shared memory (st_shared_remote). */
-__device__ __forceinline__ bool mbarrier_try_wait_parity_cluster(uint64_t *bar, uint32_t parity) {
-  uint32_t done;
-  asm volatile(
-      "{\n"
-      ".reg .pred p;\n"
-      "mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%1], %2;\n"
-      "selp.u32 %0, 1, 0, p;\n"
-      "}\n"
-      : "=r"(done)
-      : "r"(smem_u32(bar)), "r"(parity)
-      : "memory");
-  return done != 0;
-}
+#undef MOK_TRY_WAIT_PTX
 
 /* ---- clusters (distributed shared memory) --------------------------------------- */
 __device__ __forceinline__ uint32_t cluster_ctarank() {
