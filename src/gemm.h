@@ -154,6 +154,10 @@ mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap);
  * of 16 rows), so that the CTAs running them go out of step with the others: 0 = the
  * library's rule, 1 = on, 2 = off. Process-wide. */
 mokResult_t mok_gemm_debug_stagger(int mode);
+/* Benchmarks: forward token tiles load their rows in 128-row TMA boxes first, then 32-row
+ * ones and a 16 (1), or in 32-row boxes (2); 0 = the library's rule (gate+up 128, down 32).
+ * Process-wide. */
+mokResult_t mok_gemm_debug_row_box128(int mode);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

@@ -64,6 +64,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --mix sometimes", "--mix on|off"},
       {"bench gemm --pairs 2", "--pairs on|off"},
       {"bench gemm --stagger yes", "--stagger on|off"},
+      {"bench gemm --row-box 64", "--row-box 32|128"},
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
   };
   for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++) {

@@ -73,6 +73,7 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_pairs(4), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_pairs(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_stagger(3), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
   mokGemmRows_t bad = rows;

@@ -84,7 +84,8 @@ static void usage(void) {
           "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
-          "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--epi-debug 0|1|2]\n"
+          "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
+          "                      [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -97,7 +98,8 @@ static void usage(void) {
           "  over the others' (mix on) or after them (off) (default: the library's rule, on for down);\n"
           "  forward token tiles in 2-CTA clusters sharing loads by multicast (--pairs, default: the rule;\n"
           "  solo: clusters without multicast, diagnostics); expert 0's token tiles half as large\n"
-          "  (--stagger, default: the rule);\n"
+          "  (--stagger, default: the rule); forward token tiles' rows in TMA boxes of 32 rows, or of\n"
+          "  128 first (--row-box, default: the rule);\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\nmodels:");
@@ -465,7 +467,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   double zipf = 0;
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
-  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
+  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0, rb128 = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -509,6 +511,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--stagger")) {
       stagger = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (stagger < 0) { fprintf(stderr, "bench gemm: --stagger on|off\n"); return 2; }
+    } else if (!strcmp(a, "--row-box")) {
+      rb128 = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
+      if (rb128 < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
@@ -537,6 +542,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_epilogue(epi_debug);
   mok_gemm_debug_pairs(pairs);
   mok_gemm_debug_stagger(stagger);
+  mok_gemm_debug_row_box128(rb128);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;

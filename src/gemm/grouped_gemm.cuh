@@ -129,6 +129,7 @@ struct GemmTileArgs {
   CUtensorMap tm_tok16;  /* token tiles: the same with a 16-row box (a tile's odd unit) */
   CUtensorMap tm_out0h;  /* token tiles: tm_out0 / tm_out1 (32-row boxes there) with */
   CUtensorMap tm_out1h;  /* 16-row boxes */
+  CUtensorMap tm_tok128; /* token tiles: the rows operand with a 128-row box (row_box128) */
   const int32_t *expert_offset; /* [E_l + 1] */
   const int32_t *expert_count;  /* [E_l] routed rows of each expert, or NULL (token tiles) */
   int num_experts;
@@ -158,6 +159,8 @@ struct GemmTileArgs {
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
   int pair_solo;    /* CTA pairs, diagnostics: each CTA loads all its operands (no multicast) */
+  int row_box128;      /* token tiles: the rows in 128-row boxes first, then 32s and a 16
+                          (gemm.cu row_box_rule) */
   unsigned long long *trace; /* token tiles, diagnostics: [0] records taken, then trace_cap records
                                 of 4 words (tile_trace); NULL = off */
   int trace_cap;
@@ -873,7 +876,8 @@ __device__ __forceinline__ void gemm_consumer_finish() {
 
 /* ---- token tiles: produce, consume ----------------------------------------------------
  * Shared memory: a ring of stages [256 weight rows x 64 (32 KB, K-major) | up to 160 rows
- * x 64 (20 KB, K-major, 32-row TMA boxes)], then one 8 KB staging chunk per consumer
+ * x 64 (20 KB, K-major; TMA boxes of 32 rows and one of 16 for an odd unit, or with
+ * row_box128 boxes of 128 rows first: gate+up's rule)], then one 8 KB staging chunk per consumer
  * warpgroup, then the barriers (same layout as TileConfig). Consumer warpgroup wg owns
  * weight rows 128wg .. +128 as two m64 blocks (gate+up: 64 gate rows then the same
  * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
@@ -951,7 +955,10 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
       if ((c.nt & 16) && (n32 & 1) == rank)
         tma_load_2d_multicast(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16, 3);
     } else {
-      for (int b = 0; b < n32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
+      int b0 = 0;
+      if (a.row_box128)
+        for (; b0 + 128 <= c.nt; b0 += 128) tma_load_2d(st + b0 * 128, &a.tm_tok128, bar, kk, c.m0 + b0);
+      for (int b = b0 / 32; b < n32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
       if (c.nt & 16) tma_load_2d(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16);
     }
     pipe_advance<TC::kStages>(p);
