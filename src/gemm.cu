@@ -238,8 +238,8 @@ extern "C" mokResult_t mok_gemm_debug_stagger(int mode) {
 }
 
 /* Token tiles load their rows in 128-row TMA boxes, then 32s and a 16, for gate+up (measured
- * on one H200: +3.6% qwen3.5 R512, +5% glm R512, level elsewhere), 32-row boxes for down
- * (level). */
+ * on one H200 in two runs: qwen3.5 R512 +4%, glm R512 +5-6%, deepseek-v4-pro +8% (noisy),
+ * level at 320 and 341 rows), 32-row boxes for down (level; docs/PERF.md). */
 static int row_box_rule(int kind) {
   const int knob = __atomic_load_n(&g_row_box128, __ATOMIC_RELAXED);
   return knob ? knob == 1 : kind == mokGemmGateUpFwd;
@@ -429,7 +429,8 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
   MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, 32, "x"));
   MOK_CHECK(make_map(&a.tm_tok16, x, hidden, rows->capacity, 16, "x"));
-  MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x"));
+  a.row_box128 = row_box_rule(mokGemmGateUpFwd);
+  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
   a.n_out = inter;
@@ -447,7 +448,6 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
-  a.row_box128 = row_box_rule(mokGemmGateUpFwd);
   a.stagger = stagger_rule();
   if (ts.token && pair_rule(inter / 128))
     return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
@@ -470,7 +470,8 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
   MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, 32, "act"));
   MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act"));
-  MOK_CHECK(make_map(&a.tm_tok128, act, inter, rows->capacity, 128, "act"));
+  a.row_box128 = row_box_rule(mokGemmDownFwd);
+  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, act, inter, rows->capacity, 128, "act"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
   a.tm_b1 = a.tm_b0;
   const int pairs = ts.token && pair_rule(hidden / 256);
@@ -483,7 +484,6 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
-  a.row_box128 = row_box_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);

@@ -467,7 +467,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   double zipf = 0;
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
-  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0, rb128 = 0;
+  int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
+  int row_box = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -512,8 +513,8 @@ static int bench_main(int argc, char **argv, bench *b) {
       stagger = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (stagger < 0) { fprintf(stderr, "bench gemm: --stagger on|off\n"); return 2; }
     } else if (!strcmp(a, "--row-box")) {
-      rb128 = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
-      if (rb128 < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
+      row_box = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
+      if (row_box < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
@@ -542,7 +543,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_epilogue(epi_debug);
   mok_gemm_debug_pairs(pairs);
   mok_gemm_debug_stagger(stagger);
-  mok_gemm_debug_row_box128(rb128);
+  mok_gemm_debug_row_box128(row_box);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;
