@@ -180,7 +180,7 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
  * used by two running kernels at once. The default error word of the launches (when the
  * caller names none) and the debug knobs for tests. */
 constexpr int kSchedRing = 256;
-__device__ int g_gemm_sched[kSchedRing][2];
+__device__ int g_gemm_sched[kSchedRing][4];
 __device__ unsigned long long g_gemm_error;
 static unsigned g_sched_next;                              /* __atomic_* */
 static unsigned long long g_timeout_ns = 10000000000ull;   /* 10 s */
@@ -194,17 +194,20 @@ static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 =
 static int g_pairs = 0; /* token tiles in 2-CTA clusters (0 = pair_rule, 1 = on, 2 = off, 3 = solo) */
 static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_rule, 1 = on, 2 = off */
+static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
 
-/* Mix order (grouped_gemm.cuh mix_tile) for down, not for gate+up, from measurements
- * (docs/PERF.md, Zipf 1.2 routing, 1x H200): down +5% (kimi 609 -> 642, qwen3.5 522 ->
- * 549 TFLOP/s), gate+up -4% (kimi 570 -> 528, qwen3.5 496 -> 479). Gate+up's tiles are
- * long (K = H) and their rows wide (H): spread among them, the single tiles' weight
- * streams evict the rows a raster group still rereads. */
+/* Mix order for both forward kinds, in its split form (grouped_gemm.cuh: the first P CTAs
+ * run the one-tile experts' tiles, the others the rest; P by tok_mix_counts' rule). Zipf
+ * 1.2 routing, 1x H200, split vs expert order (mix off), same run (docs/PERF.md, session
+ * 8): gate+up qwen3.5 +4%, kimi +0..3%, glm +5%, deepseek-v4-pro +4%; down +5%, +5%, +1.5%,
+ * +8%. The unsplit form (the one-tile experts' tiles spread evenly over the order) loses
+ * gate+up 4-8% against expert order: its weight streams evict the rows a raster group
+ * still rereads; split, those streams run on their own CTAs from the start. */
 static int mix_rule(int kind) {
   const int knob = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
-  return knob ? knob == 1 : kind == mokGemmDownFwd;
+  return knob ? knob == 1 : kind == mokGemmDownFwd || kind == mokGemmGateUpFwd;
 }
 
 /* Token tiles in CTA pairs (grouped_gemm.cuh, TOK 2), where the output blocks come in
@@ -248,6 +251,12 @@ static int row_box_rule(int kind) {
 extern "C" mokResult_t mok_gemm_debug_row_box128(int mode) {
   if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_row_box128: mode %d", mode);
   __atomic_store_n(&g_row_box128, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
+  if (ctas < -1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_mix_ctas: ctas = %d, must be >= -1", ctas);
+  __atomic_store_n(&g_mix_ctas, ctas, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -346,7 +355,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   }
   void *sched = nullptr, *err = nullptr;
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&sched, g_gemm_sched));
-  args.sched = static_cast<int *>(sched) + 2 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
+  args.sched = static_cast<int *>(sched) + 4 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
   if (rows->error_word) {
     args.error_word = rows->error_word;
   } else {
@@ -448,6 +457,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
+  a.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   a.stagger = stagger_rule();
   if (ts.token && pair_rule(inter / 128))
     return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
@@ -484,6 +494,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
+  a.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);

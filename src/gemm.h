@@ -158,6 +158,11 @@ mokResult_t mok_gemm_debug_stagger(int mode);
  * ones and a 16 (1), or in 32-row boxes (2); 0 = the library's rule (gate+up 128, down 32).
  * Process-wide. */
 mokResult_t mok_gemm_debug_row_box128(int mode);
+/* Diagnostics: mix order of token tiles (not pairs) splits the CTAs: about `ctas` of them
+ * run the tiles of experts of one tile per output block, the others the rest, each class
+ * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
+ * tiles spread evenly over the one order). Process-wide. */
+mokResult_t mok_gemm_debug_mix_ctas(int ctas);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

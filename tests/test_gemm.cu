@@ -74,6 +74,7 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_pairs(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_stagger(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_mix_ctas(-2), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
   mokGemmRows_t bad = rows;
@@ -699,7 +700,7 @@ MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
 }
 
 /* ---- GPU: the tile schedule changes no bit of any output --------------------------- */
-static const char *sched_outputs(int mode, int mix, int pairs, int E, int H, int I, int64_t cap, const int32_t *off,
+static const char *sched_outputs(int mode, int mix, int pairs, int mix_ctas, int E, int H, int I, int64_t cap, const int32_t *off,
                                  const mokBf16 *x, const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act,
                                  uint16_t *h_y, uint16_t *h_dw) {
   mokBf16 *act = NULL, *gu = NULL, *y = NULL, *dwg = NULL, *dwu = NULL;
@@ -711,7 +712,7 @@ static const char *sched_outputs(int mode, int mix, int pairs, int E, int H, int
       cudaMalloc(&dwu, wsz * 2) != cudaSuccess) {
     err = "cudaMalloc failed";
   } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess || mok_gemm_debug_tiles(0, 0, mix ? 1 : 2) != mokSuccess ||
-             mok_gemm_debug_pairs(pairs ? 1 : 2) != mokSuccess ||
+             mok_gemm_debug_pairs(pairs ? 1 : 2) != mokSuccess || mok_gemm_debug_mix_ctas(mix_ctas) != mokSuccess ||
              mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + wsz, act, gu, 0) != mokSuccess ||
              mok_gemm_down_fwd(&rows, H, I, act, w, y, 0) != mokSuccess ||
              mok_gemm_wgrad_gateup(&rows, H, I, dgu, x, mokDtypeBF16, dwg, dwu, 0) != mokSuccess) {
@@ -724,6 +725,7 @@ static const char *sched_outputs(int mode, int mix, int pairs, int E, int H, int
   mok_gemm_debug_sched(0, 1);
   mok_gemm_debug_tiles(0, 0, 0);
   mok_gemm_debug_pairs(0);
+  mok_gemm_debug_mix_ctas(0);
   cudaFree(act); cudaFree(gu); cudaFree(y); cudaFree(dwg); cudaFree(dwu);
   return err;
 }
@@ -735,8 +737,10 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
    * others'), each with token tiles alone and in CTA pairs (2-CTA clusters, multicast
    * loads): act, y and dW_gate must agree in every bit. The static runs also cut expert 0
    * in other tiles (stagger, the rule: 4 x 96 rows instead of 3 x 128): an output does not
-   * depend on the rows of the tile that computes it. */
-  enum { E = 6, H = 512, I = 512, kRuns = 6 };
+   * depend on the rows of the tile that computes it. Then mix order with the CTAs split
+   * by class (mok_gemm_debug_mix_ctas: the rule, few and most of them on the one-tile
+   * experts; the plain mix run does not split). */
+  enum { E = 6, H = 512, I = 512, kRuns = 9 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
@@ -763,9 +767,14 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
     dw[m] = (uint16_t *)malloc(wsz * 2);
   }
   /* (static: stagger on by the rule, so expert 0's tiles are cut in other sizes there) */
-  static const char *names[kRuns] = {"static", "tickets", "mix", "static pairs", "ticket pairs", "mix pairs"};
-  for (int m = 0; m < kRuns && !err; ++m)
-    err = sched_outputs(m % 3 ? 2 : 1, m % 3 == 2, m >= 3, E, H, I, cap, off, x, w, dgu, act[m], y[m], dw[m]);
+  static const char *names[kRuns] = {"static",       "tickets",     "mix",          "static pairs",      "ticket pairs",
+                                     "mix pairs", "mix, 2 CTAs split", "mix, 100 CTAs split", "mix, split by the rule"};
+  for (int m = 0; m < kRuns && !err; ++m) {
+    const int mode = m < 6 ? (m % 3 ? 2 : 1) : 2, mix = m < 6 ? m % 3 == 2 : 1;
+    const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 ? 0 : -1;
+    err = sched_outputs(mode, mix, m >= 3 && m < 6, split, E, H, I, cap, off, x, w,
+                        dgu, act[m], y[m], dw[m]);
+  }
   int bad_act = 0, bad_y = 0, bad_dw = 0;
   for (int m = 1; m < kRuns && !err; ++m) {
     if (!bad_act && memcmp(act[0], act[m], (size_t)cap * I * 2)) bad_act = m;

@@ -85,7 +85,7 @@ static void usage(void) {
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
-          "                      [--epi-debug 0|1|2]\n"
+          "                      [--mix-ctas P] [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -94,12 +94,14 @@ static void usage(void) {
           "  auto: the library's rule); 64-row tails of 256-wide tiles on both warpgroups (split,\n"
           "  default) or one; expert counts given to the GEMMs (on, default: forward token tiles\n"
           "  skip padding) or not; row tiles per raster group (default 8); most 16-row units of a\n"
-          "  forward token tile (default 11); token tiles of single-tile experts spread evenly\n"
-          "  over the others' (mix on) or after them (off) (default: the library's rule, on for down);\n"
+          "  forward token tile (default 11); token tiles of single-tile experts run beside the\n"
+          "  others' (mix on) or after them (off) (default: the library's rule, on);\n"
           "  forward token tiles in 2-CTA clusters sharing loads by multicast (--pairs, default: the rule;\n"
           "  solo: clusters without multicast, diagnostics); expert 0's token tiles half as large\n"
           "  (--stagger, default: the rule); forward token tiles' rows in TMA boxes of 32 rows, or of\n"
-          "  128 first (--row-box, default: the rule);\n"
+          "  128 first (--row-box, default: the rule); mix order splits the CTAs, the first P on the\n"
+          "  single-tile experts' tiles (--mix-ctas P; default 0: the rule; -1: no split, those\n"
+          "  tiles spread evenly over the others' order);\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\nmodels:");
@@ -468,7 +470,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
-  int row_box = 0;
+  int row_box = 0, mix_ctas = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -515,6 +517,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--row-box")) {
       row_box = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
       if (row_box < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
+    } else if (!strcmp(a, "--mix-ctas")) {
+      mix_ctas = atoi(v);
+      if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
@@ -544,6 +549,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_pairs(pairs);
   mok_gemm_debug_stagger(stagger);
   mok_gemm_debug_row_box128(row_box);
+  mok_gemm_debug_mix_ctas(mix_ctas);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;

@@ -108,7 +108,7 @@ struct TileConfig {
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes; /* 1024 of slack for alignment */
   static_assert(kStages >= 3, "too few pipeline stages");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kBarBytes,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 16 <= kBarBytes,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
   static_assert(KIND != kDownDgrad || BN == 128, "down dgrad stages g and u of BN = 128 columns");
@@ -137,6 +137,10 @@ struct GemmTileArgs {
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
   int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
+  int mix_ctas;   /* mix order, token tiles (not pairs): split the CTAs instead of the order
+                     (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' rule)
+                     run the one-tile experts' tiles, the rest the others'; -1: no split, the
+                     one-tile experts' tiles spread over the order (mix_tile) */
   int stagger;    /* token tiles under the static schedule: expert 0's tiles at most half as
                      many units (tok_units_of) */
   int n_out;      /* output columns: I (gate+up fwd, down dgrad), H (down fwd, gate+up dgrad), N_w */
@@ -148,7 +152,8 @@ struct GemmTileArgs {
   int out_fp32;   /* wgrad output dtype */
   int save_gu;    /* gate+up fwd: store g and u (tm_out1) */
   /* standalone kernel only (a megakernel schedules tiles itself): */
-  int *sched;     /* [2] next-tile counter and finished-CTA count: zero before the launch;
+  int *sched;     /* [3] next-tile counter, finished-CTA count, next-tile counter of the
+                     one-tile experts (mix_ctas): zero before the launch;
                      the last CTA to finish zeroes them again */
   unsigned long long *error_word; /* a wait that runs out records MOK_ERRWORD(TIMEOUT, ...) */
   unsigned long long timeout_ns;  /* budget of one wait */
@@ -908,7 +913,7 @@ struct TokConfig {
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
   static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 8 <= kMailOffset,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 16 <= kMailOffset,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
@@ -1194,23 +1199,38 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
 }
 
 /* Mix order totals, one warp: T token tiles (TOK 2: pairs) of the launch, C of them of
- * experts with one tile per output block. */
+ * experts with one tile per output block; P: the split rule's CTAs for those (mix_ctas 0).
+ * The rule gives the one-tile experts' tiles the share of the CTAs that their share of the
+ * work is, a tile's work counted in rows, except that a one-tile expert's tile costs at
+ * least kStreamRows + 48 * 1024 / K rows: alone on its weight block it is bound by how fast
+ * one SM streams that block (measured, docs/PERF.md: 48- to 96-row tiles take the time of
+ * ~120 rows of MMAs at K = 4096, a larger share at K = 1024 where a tile's fixed costs
+ * weigh more). */
+constexpr int kStreamRows = 112;
 template <int KIND, int TOK>
-__device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, int &C) {
+__device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
   const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tok_out_cols<KIND>() - 1) / tok_out_cols<KIND>();
-  int t = 0, c = 0;
+  const int floor_rows = kStreamRows + 48 * 1024 / (a.k_len > 0 ? a.k_len : 1);
+  int t = 0, c = 0, ws = 0, wh = 0;
   for (int e = lane; e < a.num_experts; e += 32) {
     const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
-    const int mt = tok_tiles(tok_rows(a, e, seg), a.tok_units); /* (tickets: no stagger) */
+    const int rows = tok_rows(a, e, seg), mt = tok_tiles(rows, a.tok_units); /* (tickets: no stagger) */
     t += TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
     c += mt == 1 ? (TOK == 2 ? n_tiles / 2 : n_tiles) : 0;
+    if (mt == 1) ws += n_tiles * (rows > floor_rows ? rows : floor_rows);
+    else wh += n_tiles * rows;
   }
   for (int o = 16; o > 0; o >>= 1) {
     t += __shfl_xor_sync(0xffffffffu, t, o);
     c += __shfl_xor_sync(0xffffffffu, c, o);
+    ws += __shfl_xor_sync(0xffffffffu, ws, o);
+    wh += __shfl_xor_sync(0xffffffffu, wh, o);
   }
   T = t;
   C = c;
+  const int g = (int)gridDim.x;
+  P = ws + wh > 0 ? (int)(((int64_t)g * ws + (ws + wh) / 2) / (ws + wh)) : 0;
+  P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
 }
 
 template <bool B, class T, class F>
@@ -1268,12 +1288,21 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       return;
     }
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
-    int mix_T = 0, mix_C = 0;
-    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C);
+    int mix_T = 0, mix_C = 0, mix_P = 0;
+    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kSlotInts * kSchedSlots + 2 * (int)(sizeof(GemmCursor) / sizeof(int));
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
+    /* split mix order (mix_ctas >= 0, token tiles alone): CTAs [0, P) run
+     * the one-tile experts' tiles, the others the rest, each class from its own counter
+     * (sched[2], sched[0]); a CTA whose class ran out takes the other's. mix_tc[2] = P (0:
+     * Bresenham order), mix_tc[3] = the CTA's class (bit 0) | took the other's (bit 1). */
+    if (threadIdx.x == 0) {
+      const int P = TOK != 1 || !mix || a.mix_ctas < 0 ? 0 : a.mix_ctas ? a.mix_ctas : mix_P;
+      mix_tc[2] = P > 0 && P < (int)gridDim.x ? P : 0;
+      mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (chosen by SM number instead: level) */
+    }
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
       tma_prefetch_descriptor(&a.tm_b0);
@@ -1290,10 +1319,20 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       /* TOK 2: t numbers pairs, one per cluster at a time; both CTAs decode the same t */
       const int units = TOK == 2 ? (int)gridDim.x / 2 : (int)gridDim.x;
       int mails = 0; /* tickets through the mailbox so far (slot mails & 1, parity mails >> 1 & 1) */
-      for (int t = TOK == 2 ? (int)blockIdx.x / 2 : (int)blockIdx.x;;) {
+      for (int t = mix_tc[2] ? atomicAdd(&a.sched[mix_tc[3] ? 2 : 0], 1) : TOK == 2 ? (int)blockIdx.x / 2
+                                                                                  : (int)blockIdx.x;;) {
         const int rank = TOK == 2 ? (int)cluster_ctarank() : 0;
         bool more;
-        if (mix) { /* two cursors: one per class */
+        if (mix_tc[2]) { /* t: index in class q; past its end, once, the other class's next ticket */
+          const int T = mix_tc[0], C = mix_tc[1];
+          int q = mix_tc[3] & 1;
+          if (t >= (q ? C : T - C) && mix_tc[3] < 2) {
+            q ^= 1;
+            mix_tc[3] = 2 | q;
+            t = atomicAdd(&a.sched[q ? 2 : 0], 1);
+          }
+          more = t < (q ? C : T - C) && gemm_decode_tile<KIND, BN, TOK>(a, cur[q], t, c, q, rank);
+        } else if (mix) { /* two cursors: one per class */
           int cls = 0, idx = 0;
           const int T = mix_tc[0];
           if ((more = t < T)) {
@@ -1306,14 +1345,17 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
         volatile int *o = slot + kSlotInts * sp.stage;
-        o[0] = more ? t : -1;
+        const int tnum = mix_tc[2] && !(mix_tc[3] & 1) ? mix_tc[1] + t : t; /* mix_ctas: one-tile experts' first */
+        o[0] = more ? tnum : -1;
         o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = c.k0, o[6] = c.k_blocks, o[7] = c.nt;
         o[8] = c.z_end;
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
         int next = t + units;
-        if (tickets) {
+        if (mix_tc[2]) {
+          next = atomicAdd(&a.sched[(mix_tc[3] & 1) ? 2 : 0], 1);
+        } else if (tickets) {
           if (TOK != 2) {
             next = units + atomicAdd(&a.sched[0], 1);
           } else { /* CTA 0 takes the pair's ticket and hands it to CTA 1 */
@@ -1334,8 +1376,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
             next = units + v;
           }
         }
-        w.tile = (uint32_t)t;
-        if (t == a.stall_tile) break; /* tests: a load that never comes */
+        w.tile = (uint32_t)tnum;
+        if (tnum == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
         if constexpr (TOK != 0) ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w);
         else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
@@ -1346,6 +1388,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       if (atomicAdd(&a.sched[1], 1) == (int)gridDim.x - 1) { /* every CTA took its last ticket */
         atomicExch(&a.sched[0], 0);
         atomicExch(&a.sched[1], 0);
+        atomicExch(&a.sched[2], 0);
       }
     }
   } else {
