@@ -11,6 +11,7 @@ if [ -d "$BASE/src" ]; then
   OUT=$OUT/ab timeout 330 bash scripts/ab-gemm.sh "qwen320:--model qwen3.5-397b-a17b" "kimi341:--model kimi-k2.7-code" \
     "glm512:--model glm-5.2" "dsv4:--model deepseek-v4-pro" "qwen512:--model qwen3.5-397b-a17b --rows-per-expert 512" \
     "kimizipf:--model kimi-k2.7-code --routing zipf:1.2" "qwenzipf:--model qwen3.5-397b-a17b --routing zipf:1.2" \
+    "glmzipf:--model glm-5.2 --routing zipf:1.2" "dsv4zipf:--model deepseek-v4-pro --routing zipf:1.2" \
     > /dev/null 2>&1
 fi
 {
