@@ -197,6 +197,7 @@ static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
+static unsigned long long *g_sclk = NULL; /* stage-clock counters (mok_gemm_debug_stage_clock) */
 
 /* Mix order for both forward kinds, in its split form (grouped_gemm.cuh: the first P CTAs
  * run the one-tile experts' tiles, the others the rest; P by tok_mix_counts' rule). Zipf
@@ -257,6 +258,11 @@ extern "C" mokResult_t mok_gemm_debug_row_box128(int mode) {
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
   if (ctas < -1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_mix_ctas: ctas = %d, must be >= -1", ctas);
   __atomic_store_n(&g_mix_ctas, ctas, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_stage_clock(unsigned long long *buf) {
+  __atomic_store_n(&g_sclk, buf, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -370,6 +376,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
+  args.sclk = TOK ? __atomic_load_n(&g_sclk, __ATOMIC_RELAXED) : NULL;
   args.trace_cap = __atomic_load_n(&g_trace_cap, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);

@@ -850,6 +850,54 @@ MOK_GPU_TEST(gemm_gpu_trace_lists_every_tile, 1) {
   cudaFree(off); cudaFree(x); cudaFree(w); cudaFree(act); cudaFree(d);
 }
 
+/* ---- GPU: the stage clock (diagnostics) counts every stage once ------------------- */
+MOK_GPU_TEST(gemm_gpu_stage_clock_counts_stages, 1) {
+  /* gate+up and down token tiles with mok_gemm_debug_stage_clock on: one record per
+   * pipeline stage the first consumer warpgroup used (tiles x k-blocks), histograms that
+   * add up to their counts; off again, the buffer stays as it was. */
+  enum { E = 5, H = 256, I = 512 };
+  static const int counts[E] = {700, 0, 64, 200, 17};
+  int32_t off_h[E + 1] = {0};
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  const int64_t cap = off_h[E];
+  int tiles_gu = 0, tiles_dn = 0; /* token tiles over whole segments (no expert counts) */
+  for (int e = 0; e < E; ++e) {
+    const int n = mok_sm90::tok_tiles(off_h[e + 1] - off_h[e], mok_sm90::kTokMaxUnits);
+    tiles_gu += n * (I / 128);
+    tiles_dn += n * (H / 256);
+  }
+  int32_t *off = NULL;
+  mokBf16 *x = NULL, *w = NULL, *act = NULL, *y = NULL;
+  unsigned long long *d = NULL, h[mok_sm90::kSclkWords];
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&w, 2 * (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&y, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&d, sizeof h) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemset(x, 0, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMemset(w, 0, 2 * (size_t)E * I * H * 2) == cudaSuccess);
+  const mokGemmRows_t rows = {E, cap, off};
+  for (int kind = 0; kind < 3 && !t->failed; ++kind) {
+    CHECK(cudaMemset(d, 0, sizeof h) == cudaSuccess);
+    if (kind < 2) CHECK_OK(mok_gemm_debug_stage_clock(d));
+    if (kind == 1) CHECK_OK(mok_gemm_down_fwd(&rows, H, I, act, w, y, 0));
+    else CHECK_OK(mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + (size_t)E * I * H, act, NULL, 0));
+    CHECK_OK(mok_gemm_debug_stage_clock(NULL));
+    CHECK(cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess);
+    const unsigned long long want = kind == 2 ? 0 : kind == 1 ? (unsigned long long)tiles_dn * (I / 64)
+                                                              : (unsigned long long)tiles_gu * (H / 64);
+    CHECK_MSG(h[96] == want, "kind %d: %llu stages recorded, want %llu", kind, h[96], want);
+    unsigned long long a = 0, b = 0, c = 0;
+    for (int i = 0; i < 32; ++i) a += h[i], b += h[32 + i], c += h[64 + i];
+    CHECK_MSG(a == h[96] && b == h[96] && c == h[99], "kind %d: histograms %llu %llu %llu vs counts %llu %llu", kind,
+              a, b, c, h[96], h[99]);
+    CHECK_MSG(h[99] <= h[96], "kind %d: waited for %llu of %llu stages", kind, h[99], h[96]);
+  }
+  cudaFree(off); cudaFree(x); cudaFree(w); cudaFree(act); cudaFree(y); cudaFree(d);
+}
+
 /* ---- GPU: dgrad down on the kimi Zipf layout, bounded ------------------------------ */
 /* Row-grouped tiles under a round-robin assignment (host mirror of gemm_decode_tile; the
  * kernels hand tiles out at run time, so this is a proxy that the layout mixes them): how

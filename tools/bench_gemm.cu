@@ -87,7 +87,7 @@ static void usage(void) {
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
           "                      [--mix-ctas P] [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
-          "                      [--trace FILE]\n"
+          "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
           "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
@@ -104,7 +104,8 @@ static void usage(void) {
           "  tiles spread evenly over the others' order);\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
-          "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\nmodels:");
+          "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
+          "  --stage-clock on: one more forward launch each; pipeline stages' issue -> use times\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
@@ -128,6 +129,7 @@ typedef struct bench {
   int wrong;
   FILE *json;
   int json_first;
+  int sclk;    /* --stage-clock: one more launch of each forward kind, stage times printed */
   FILE *trace; /* --trace: token-tile records of one more launch of each forward kind (CSV) */
   char shape[128];
 } bench;
@@ -202,6 +204,45 @@ static int run_ours(bench *b, void *ctx) {
     return 1;
   }
   return 0;
+}
+
+/* --stage-clock: one more launch with mok_gemm_debug_stage_clock on; prints, in SM cycles
+ * and in us at the SM clock the device reports, how long stages took from issue to use
+ * (all, and those the consumers waited for: issue to landing) and the consumers' waits. */
+static double sclk_pct(const unsigned long long *h, double bin, double q) {
+  unsigned long long n = 0, acc = 0;
+  for (int i = 0; i < 32; ++i) n += h[i];
+  for (int i = 0; i < 32; ++i) {
+    acc += h[i];
+    if (n && acc >= q * n) return (i + 0.5) * bin;
+  }
+  return 32 * bin;
+}
+static int sclk_kind(bench *b, int k) {
+  unsigned long long *d = NULL, h[101];
+  int rc = 1, khz = 0;
+  cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
+  const double cyc_us = khz > 0 ? khz * 1e-3 : 1755.0;
+  if (cudaMalloc(&d, sizeof h) == cudaSuccess && cudaMemset(d, 0, sizeof h) == cudaSuccess &&
+      mok_gemm_debug_stage_clock(d) == mokSuccess) {
+    rc = run_ours(b, (void *)(intptr_t)k);
+    mok_gemm_debug_stage_clock(NULL);
+    if (!rc && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[96] > 0) {
+      const double n = (double)h[96];
+      /* (the wait runs from the end of the previous stage's MMA issue: it overlaps those
+       * MMAs still running; the device's 64-cycle "waited" split [64, 100) is not printed:
+       * the clock reads alone pass 64 cycles, so it counts every stage) */
+      printf("  stage clock %s: %llu stages; issue->use mean %.0f cyc (%.2f us), p50 %.0f, p90 %.0f; full-barrier "
+             "wait a stage %.0f cyc (%.2f us) (SM clock %.0f MHz)\n",
+             kKindName[k], h[96], h[97] / n, h[97] / n / cyc_us, sclk_pct(h, 256, 0.5), sclk_pct(h, 256, 0.9),
+             h[98] / n, h[98] / n / cyc_us, cyc_us);
+    } else {
+      rc = 1;
+    }
+  }
+  if (rc) fprintf(stderr, "bench gemm: --stage-clock failed\n");
+  cudaFree(d);
+  return rc;
 }
 
 /* --trace: one more launch with mok_gemm_debug_trace on; its records as CSV lines
@@ -448,6 +489,7 @@ static int bench_kind(bench *b, int k) {
   const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
   printf("%-20s %-24s %8.3f %8.1f %8.3f %8.1f %6.3f %8.0f %9.2e%s\n", kKindName[k], b->shape, ms, tf, cms, ctf,
          tf / ctf, bytes / (ms * 1e-3) / 1e9, rel, ok ? "" : (nans ? "  UNWRITTEN/NaN" : "  WRONG"));
+  if (b->sclk && (k == K_GATEUP || k == K_DOWN) && sclk_kind(b, k)) return 1;
   if (b->json) {
     fprintf(b->json,
             "%s\n  {\"kind\": \"%s\", \"experts\": %d, \"hidden\": %d, \"inter\": %d, \"rows\": %lld, "
@@ -538,6 +580,10 @@ static int bench_main(int argc, char **argv, bench *b) {
     }
     else if (!strcmp(a, "--json")) json = v;
     else if (!strcmp(a, "--trace")) trace = v;
+    else if (!strcmp(a, "--stage-clock")) {
+      b->sclk = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -1;
+      if (b->sclk < 0) { fprintf(stderr, "bench gemm: --stage-clock on|off\n"); return 2; }
+    }
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
       else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) zipf = atof(v + 5);

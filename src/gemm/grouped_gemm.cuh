@@ -166,6 +166,9 @@ struct GemmTileArgs {
   int pair_solo;    /* CTA pairs, diagnostics: each CTA loads all its operands (no multicast) */
   int row_box128;      /* token tiles: the rows in 128-row boxes first, then 32s and a 16
                           (gemm.cu row_box_rule) */
+  unsigned long long *sclk; /* token tiles, diagnostics (stage clock): kSclkWords counters of
+                              how long each stage took from its loads' issue to the consumers'
+                              use (tok_sclk_record); NULL = off */
   unsigned long long *trace; /* token tiles, diagnostics: [0] records taken, then trace_cap records
                                 of 4 words (tile_trace); NULL = off */
   int trace_cap;
@@ -913,7 +916,7 @@ struct TokConfig {
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
   static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
-  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 16 <= kMailOffset,
+  static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 32 <= kMailOffset,
                 "barrier area too small");
   static_assert(kSmemBytes <= kSmemLimit, "shared memory plan too large");
 };
@@ -922,6 +925,36 @@ struct TokConfig {
  * other of its cluster run a pair of tiles; the operand they share (c.share) is loaded
  * half by each, multicast into both, so each CTA's stage receives the same bytes as
  * alone. Every stage waits for both CTAs' consumers (empty counts four arrivals). */
+/* Stage clock (diagnostics, a.sclk): the producer stamps each stage (SM clock, low 32
+ * bits) when it issues its loads, in 4 words after the mix totals of the barrier area; the
+ * first consumer warpgroup's leader, once the stage has landed, adds to a.sclk: [0, 32)
+ * issue -> use in 256-cycle bins (the last: more), [32, 64) its own wait on the full barrier
+ * in 128-cycle bins, [64, 96) issue -> use of the stages it had to wait for (then use = the
+ * moment the stage landed) in 256-cycle bins, [96] stages, [97] sum issue -> use, [98] sum
+ * waits, [99] stages waited for (>= 64 cycles), [100] sum issue -> use of those. (Measured
+ * on H200: the clock reads alone pass 64 cycles, so [64, 101) count every stage; a wait
+ * starts after the previous stage's MMAs were issued and overlaps them.) */
+constexpr int kSclkWords = 101;
+/* (after the slots, the two cursors and the 4 mix words: grouped_gemm_kernel's layout) */
+constexpr int kSclkStampInt = kSchedSlots * kSlotInts + 2 * (int)(sizeof(GemmCursor) / sizeof(int)) + 4;
+template <int S>
+__device__ __forceinline__ volatile uint32_t *tok_sclk_stamps(char *bars) {
+  return reinterpret_cast<volatile uint32_t *>(bars + (2 * S + 2 + 2 * kSchedSlots) * 8) + kSclkStampInt;
+}
+__device__ __forceinline__ void tok_sclk_record(unsigned long long *o, uint32_t issue, uint32_t t0, uint32_t t1) {
+  const uint32_t use = t1 - issue, wait = t1 - t0;
+  atomicAdd(o + (use / 256 < 31 ? use / 256 : 31), 1ull);
+  atomicAdd(o + 32 + (wait / 128 < 31 ? wait / 128 : 31), 1ull);
+  atomicAdd(o + 96, 1ull);
+  atomicAdd(o + 97, (unsigned long long)use);
+  atomicAdd(o + 98, (unsigned long long)wait);
+  if (wait >= 64) {
+    atomicAdd(o + 64 + (use / 256 < 31 ? use / 256 : 31), 1ull);
+    atomicAdd(o + 99, 1ull);
+    atomicAdd(o + 100, (unsigned long long)use);
+  }
+}
+
 template <int KIND, bool PAIR>
 __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
   using TC = TokConfig<KIND>;
@@ -933,6 +966,7 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     uint64_t *bar = &full[p.stage];
     char *sw = smem + p.stage * TC::kStageBytes;
     char *st = sw + TC::kWBytes;
+    if (a.sclk) tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage] = (uint32_t)clock64(); /* before the release */
     mbarrier_arrive_expect_tx(bar, stage_tx);
     const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
     const int rank = PAIR ? (int)cluster_ctarank() : 0, n32 = c.nt / 32; /* per stage: few registers */
@@ -1092,8 +1126,11 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc0[i] = acc1[i] = 0.f;
   int prev = 0;
+  const bool clk = a.sclk && threadIdx.x == 128;
   for (int kb = 0; kb < k_blocks; ++kb) {
+    const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
+    if (clk) tok_sclk_record(a.sclk, tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage], t0, (uint32_t)clock64());
     const uint32_t sw = smem_u32(smem + p.stage * TC::kStageBytes) + wg * 128 * 128;
     const uint32_t st = smem_u32(smem + p.stage * TC::kStageBytes + TC::kWBytes);
     reg_fence_all(acc0, acc1);
