@@ -789,17 +789,25 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   CHECK_MSG(!bad_dw, "dW_gate differs between the static and the %s schedule", names[bad_dw]);
 }
 
+/* The layout of the diagnostics tests: 64-row segments of these rows (an empty expert, a
+ * one-tile one, a 700-row one); returns the capacity. */
+enum { kDiagExperts = 5 };
+static int64_t diag_offsets(int32_t (&off_h)[kDiagExperts + 1]) {
+  static const int counts[kDiagExperts] = {700, 0, 64, 200, 17};
+  off_h[0] = 0;
+  for (int e = 0; e < kDiagExperts; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  return off_h[kDiagExperts];
+}
+
 /* ---- GPU: the token-tile trace (diagnostics) lists every tile once ---------------- */
 MOK_GPU_TEST(gemm_gpu_trace_lists_every_tile, 1) {
   /* gate+up token tiles, alone and in CTA pairs, with mok_gemm_debug_trace on: one record
    * per tile (as many as the host enumeration has), each tile index once, start <= end,
    * rows and output block as the schedule has them; a buffer too small keeps cap records
    * and counts the rest. */
-  enum { E = 5, H = 256, I = 512, kCap = 4096 };
-  static const int counts[E] = {700, 0, 64, 200, 17};
-  int32_t off_h[E + 1] = {0};
-  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
-  const int64_t cap = off_h[E];
+  enum { E = kDiagExperts, H = 256, I = 512, kCap = 4096 };
+  int32_t off_h[E + 1];
+  const int64_t cap = diag_offsets(off_h);
   int tiles = 0, want_rows = 0; /* token tiles over whole segments (no expert counts) */
   for (int e = 0; e < E; ++e) {
     const int seg = off_h[e + 1] - off_h[e], n = mok_sm90::tok_tiles(seg, mok_sm90::kTokMaxUnits);
@@ -855,11 +863,9 @@ MOK_GPU_TEST(gemm_gpu_stage_clock_counts_stages, 1) {
   /* gate+up and down token tiles with mok_gemm_debug_stage_clock on: one record per
    * pipeline stage the first consumer warpgroup used (tiles x k-blocks), histograms that
    * add up to their counts; off again, the buffer stays as it was. */
-  enum { E = 5, H = 256, I = 512 };
-  static const int counts[E] = {700, 0, 64, 200, 17};
-  int32_t off_h[E + 1] = {0};
-  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
-  const int64_t cap = off_h[E];
+  enum { E = kDiagExperts, H = 256, I = 512 };
+  int32_t off_h[E + 1];
+  const int64_t cap = diag_offsets(off_h);
   int tiles_gu = 0, tiles_dn = 0; /* token tiles over whole segments (no expert counts) */
   for (int e = 0; e < E; ++e) {
     const int n = mok_sm90::tok_tiles(off_h[e + 1] - off_h[e], mok_sm90::kTokMaxUnits);
