@@ -163,7 +163,7 @@ mokResult_t mok_gemm_debug_row_box128(int mode);
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
  * tiles spread evenly over the one order). Process-wide. */
 mokResult_t mok_gemm_debug_mix_ctas(int ctas);
-/* Diagnostics: forward token tiles add to buf (device, 101 zeroed words; NULL = off) how
+/* Diagnostics: forward token tiles add to buf (device, 67 zeroed words; NULL = off) how
  * long each pipeline stage took from its loads' issue to its use, in SM cycles (layout:
  * grouped_gemm.cuh tok_sclk_record). Process-wide. */
 mokResult_t mok_gemm_debug_stage_clock(unsigned long long *buf);

@@ -219,7 +219,7 @@ static double sclk_pct(const unsigned long long *h, double bin, double q) {
   return 32 * bin;
 }
 static int sclk_kind(bench *b, int k) {
-  unsigned long long *d = NULL, h[101];
+  unsigned long long *d = NULL, h[67];
   int rc = 1, khz = 0;
   cudaDeviceGetAttribute(&khz, cudaDevAttrClockRate, 0);
   const double cyc_us = khz > 0 ? khz * 1e-3 : 1755.0;
@@ -227,15 +227,13 @@ static int sclk_kind(bench *b, int k) {
       mok_gemm_debug_stage_clock(d) == mokSuccess) {
     rc = run_ours(b, (void *)(intptr_t)k);
     mok_gemm_debug_stage_clock(NULL);
-    if (!rc && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[96] > 0) {
-      const double n = (double)h[96];
-      /* (the wait runs from the end of the previous stage's MMA issue: it overlaps those
-       * MMAs still running; the device's 64-cycle "waited" split [64, 100) is not printed:
-       * the clock reads alone pass 64 cycles, so it counts every stage) */
+    if (!rc && cudaMemcpy(h, d, sizeof h, cudaMemcpyDeviceToHost) == cudaSuccess && h[64] > 0) {
+      const double n = (double)h[64];
+      /* (the wait runs from the end of the previous stage's MMA issue: it overlaps those MMAs) */
       printf("  stage clock %s: %llu stages; issue->use mean %.0f cyc (%.2f us), p50 %.0f, p90 %.0f; full-barrier "
              "wait a stage %.0f cyc (%.2f us) (SM clock %.0f MHz)\n",
-             kKindName[k], h[96], h[97] / n, h[97] / n / cyc_us, sclk_pct(h, 256, 0.5), sclk_pct(h, 256, 0.9),
-             h[98] / n, h[98] / n / cyc_us, cyc_us);
+             kKindName[k], h[64], h[65] / n, h[65] / n / cyc_us, sclk_pct(h, 256, 0.5), sclk_pct(h, 256, 0.9),
+             h[66] / n, h[66] / n / cyc_us, cyc_us);
     } else {
       rc = 1;
     }

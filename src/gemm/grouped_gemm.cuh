@@ -929,12 +929,10 @@ struct TokConfig {
  * bits) when it issues its loads, in 4 words after the mix totals of the barrier area; the
  * first consumer warpgroup's leader, once the stage has landed, adds to a.sclk: [0, 32)
  * issue -> use in 256-cycle bins (the last: more), [32, 64) its own wait on the full barrier
- * in 128-cycle bins, [64, 96) issue -> use of the stages it had to wait for (then use = the
- * moment the stage landed) in 256-cycle bins, [96] stages, [97] sum issue -> use, [98] sum
- * waits, [99] stages waited for (>= 64 cycles), [100] sum issue -> use of those. (Measured
- * on H200: the clock reads alone pass 64 cycles, so [64, 101) count every stage; a wait
- * starts after the previous stage's MMAs were issued and overlaps them.) */
-constexpr int kSclkWords = 101;
+ * in 128-cycle bins, [64] stages, [65] sum issue -> use, [66] sum waits. (A wait starts
+ * after the previous stage's MMAs were issued and overlaps them; the clock reads alone
+ * take ~100 cycles, so a wait is never 0.) */
+constexpr int kSclkWords = 67;
 /* (after the slots, the two cursors and the 4 mix words: grouped_gemm_kernel's layout) */
 constexpr int kSclkStampInt = kSchedSlots * kSlotInts + 2 * (int)(sizeof(GemmCursor) / sizeof(int)) + 4;
 template <int S>
@@ -945,14 +943,9 @@ __device__ __forceinline__ void tok_sclk_record(unsigned long long *o, uint32_t 
   const uint32_t use = t1 - issue, wait = t1 - t0;
   atomicAdd(o + (use / 256 < 31 ? use / 256 : 31), 1ull);
   atomicAdd(o + 32 + (wait / 128 < 31 ? wait / 128 : 31), 1ull);
-  atomicAdd(o + 96, 1ull);
-  atomicAdd(o + 97, (unsigned long long)use);
-  atomicAdd(o + 98, (unsigned long long)wait);
-  if (wait >= 64) {
-    atomicAdd(o + 64 + (use / 256 < 31 ? use / 256 : 31), 1ull);
-    atomicAdd(o + 99, 1ull);
-    atomicAdd(o + 100, (unsigned long long)use);
-  }
+  atomicAdd(o + 64, 1ull);
+  atomicAdd(o + 65, (unsigned long long)use);
+  atomicAdd(o + 66, (unsigned long long)wait);
 }
 
 template <int KIND, bool PAIR>
