@@ -661,6 +661,12 @@ static int bench_main(int argc, char **argv, bench *b) {
   BMOK(mok_gemm_fill_rows(b->wd, (int64_t)E * b->H, b->I, seed + 5, 1.f / sqrtf((float)b->I), 0, NULL, NULL, 0));
   BMOK(mok_gemm_fill_rows(b->wgu_cub, (int64_t)E * 2 * b->I, b->H, seed + 6, 1.f / sqrtf((float)b->H), 0, NULL,
                           NULL, 0));
+  /* the inputs later kinds read from earlier ones (act, g|u, dg|du), random, so that a kind
+   * run without the one that writes them (--kinds down) computes and is checked on real
+   * data, not on zeros */
+  BMOK(mok_gemm_fill_rows(b->act, b->cap, b->I, seed + 7, 1.f, E, b->off, b->cnt, 0));
+  BMOK(mok_gemm_fill_rows(b->gu, b->cap, 2 * b->I, seed + 8, 1.f, E, b->off, b->cnt, 0));
+  BMOK(mok_gemm_fill_rows(b->dgu, b->cap, 2 * b->I, seed + 9, 1.f, E, b->off, b->cnt, 0));
   BCUBLAS(cublasCreate(&b->cub));
   BCUBLAS(cublasSetStream(b->cub, 0));
   BCUDA(cudaEventCreate(&b->ev0));
