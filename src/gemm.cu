@@ -373,6 +373,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
   args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
+  args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
@@ -464,7 +465,6 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
-  a.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   a.stagger = stagger_rule();
   if (ts.token && pair_rule(inter / 128))
     return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
@@ -501,7 +501,6 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1h = a.tm_out0h;
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
-  a.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);

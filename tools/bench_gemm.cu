@@ -207,8 +207,8 @@ static int run_ours(bench *b, void *ctx) {
 }
 
 /* --stage-clock: one more launch with mok_gemm_debug_stage_clock on; prints, in SM cycles
- * and in us at the SM clock the device reports, how long stages took from issue to use
- * (all, and those the consumers waited for: issue to landing) and the consumers' waits. */
+ * and in us at the SM clock the device reports, how long stages took from issue to use and
+ * how long the consumers waited on the full barrier a stage. */
 static double sclk_pct(const unsigned long long *h, double bin, double q) {
   unsigned long long n = 0, acc = 0;
   for (int i = 0; i < 32; ++i) n += h[i];

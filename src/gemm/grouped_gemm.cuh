@@ -281,6 +281,9 @@ struct GemmCursor {
   int stagger; /* token tiles: a.stagger, unless the launch hands tiles out by tickets */
 };
 static_assert(sizeof(GemmCursor) <= 32, "two cursors after the slots take 64 bytes");
+/* The barrier area after the slots (grouped_gemm_kernel): the two cursors, then 4 mix words
+ * (mix_tc), then 4 stage-clock stamps; offsets in ints from the slots' start. */
+constexpr int kMixWordInt = kSchedSlots * kSlotInts + 2 * (int)(sizeof(GemmCursor) / sizeof(int));
 
 /* A read-only load of a schedule offset (__ldg on the device; host builds of the schedule
  * functions, for tests, read plain memory). */
@@ -933,8 +936,7 @@ struct TokConfig {
  * after the previous stage's MMAs were issued and overlaps them; the clock reads alone
  * take ~100 cycles, so a wait is never 0.) */
 constexpr int kSclkWords = 67;
-/* (after the slots, the two cursors and the 4 mix words: grouped_gemm_kernel's layout) */
-constexpr int kSclkStampInt = kSchedSlots * kSlotInts + 2 * (int)(sizeof(GemmCursor) / sizeof(int)) + 4;
+constexpr int kSclkStampInt = kMixWordInt + 4; /* after the 4 mix words */
 template <int S>
 __device__ __forceinline__ volatile uint32_t *tok_sclk_stamps(char *bars) {
   return reinterpret_cast<volatile uint32_t *>(bars + (2 * S + 2 + 2 * kSchedSlots) * 8) + kSclkStampInt;
@@ -1322,7 +1324,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
-    volatile int *mix_tc = slot + kSlotInts * kSchedSlots + 2 * (int)(sizeof(GemmCursor) / sizeof(int));
+    volatile int *mix_tc = slot + kMixWordInt;
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
     /* split mix order (mix_ctas >= 0, token tiles alone): CTAs [0, P) run
      * the one-tile experts' tiles, the others the rest, each class from its own counter
