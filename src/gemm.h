@@ -163,6 +163,11 @@ mokResult_t mok_gemm_debug_row_box128(int mode);
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
  * tiles spread evenly over the one order). Process-wide. */
 mokResult_t mok_gemm_debug_mix_ctas(int ctas);
+/* Diagnostics (mok bench stream): encodes into `map` (a CUtensorMap: 128 bytes, 64-byte
+ * aligned) the TMA map the GEMM tiles use for a row-major bf16 [outer, inner] tensor at
+ * ptr: boxes of 64 elements (128 bytes) x box_outer rows, 128-byte swizzle, 256-byte L2
+ * promotion. */
+mokResult_t mok_gemm_tma_map(void *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer);
 /* Diagnostics: forward token tiles add to buf (device, 67 zeroed words; NULL = off) how
  * long each pipeline stage took from its loads' issue to its use, in SM cycles (layout:
  * grouped_gemm.cuh tok_sclk_record). Process-wide. */

@@ -66,6 +66,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --stagger yes", "--stagger on|off"},
       {"bench gemm --row-box 64", "--row-box 32|128"},
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
+      {"bench stream --k 100", "--k a multiple of 64"},
+      {"bench stream --warp 9", "unknown option --warp"},
   };
   for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++) {
     int rc = run_cli(gemm_cases[i].args, out, sizeof out);

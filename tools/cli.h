@@ -11,6 +11,7 @@ extern "C" {
 
 int mok_bench_gemm_main(int argc, char **argv); /* tools/bench_gemm.cu: mok bench gemm */
 int mok_bench_comm_main(int argc, char **argv); /* tools/bench_comm.cu: mok bench comm */
+int mok_bench_stream_main(int argc, char **argv); /* tools/bench_stream.cu: mok bench stream */
 int mok_bench_layer_main(int argc, char **argv); /* tools/bench_layer.c: mok bench layer */
 
 /* tools/run_gpu.c: `mok run` on one GPU per rank (cfg->num_ranks GPUs); the host

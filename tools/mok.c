@@ -25,6 +25,7 @@
 /* Benchmarks live in their own files; weak so the CLI links while one is absent. */
 #pragma weak mok_bench_gemm_main
 #pragma weak mok_bench_comm_main
+#pragma weak mok_bench_stream_main
 
 static int usage_error(const char *cmd, const char *fmt, const char *arg) {
   fprintf(stderr, "mok %s: ", cmd);
@@ -420,6 +421,7 @@ static int cmd_bench(int argc, char **argv) {
     printf("usage: mok bench layer [options]  the whole MoE layer on all local GPUs, checked in float64\n"
            "       mok bench gemm [options]   expert GEMMs beside cuBLAS (one GPU)\n"
            "       mok bench comm [options]   NVLink push/pull bandwidth over the symmetric workspace\n"
+           "       mok bench stream [options] TMA streams into one SM's shared memory (diagnostics)\n"
            "  'mok bench KIND --help' lists each one's options.\n");
     return argc < 2 ? 2 : 0;
   }
@@ -432,7 +434,11 @@ static int cmd_bench(int argc, char **argv) {
     if (!mok_bench_comm_main) return fprintf(stderr, "mok bench comm: not in this build\n"), 2;
     return mok_bench_comm_main(argc - 1, argv + 1);
   }
-  return usage_error("bench", "unknown benchmark '%s' (layer, gemm or comm)", argv[1]);
+  if (!strcmp(argv[1], "stream")) {
+    if (!mok_bench_stream_main) return fprintf(stderr, "mok bench stream: not in this build\n"), 2;
+    return mok_bench_stream_main(argc - 1, argv + 1);
+  }
+  return usage_error("bench", "unknown benchmark '%s' (layer, gemm, comm or stream)", argv[1]);
 }
 
 int main(int argc, char **argv) {

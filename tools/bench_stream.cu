@@ -1,0 +1,218 @@
+/*
+ * bench_stream.cu — `mok bench stream`: how fast one SM pulls a weight-like stream into
+ * shared memory through a TMA ring, as the GEMM token tiles do (diagnostics).
+ *
+ * Each of `active` CTAs (the rest of a 132-CTA grid exits) streams tiles of a row-major
+ * bf16 [rows, K] matrix: a tile is `stage_rows` rows x K, walked in k-blocks of 64
+ * columns; each k-block is one stage of the ring (stage_rows x 128 bytes, loaded as TMA
+ * boxes of box_rows x 64 in the GEMMs' 128-byte swizzle, one mbarrier a stage). One
+ * producer thread refills a stage as soon as it is free; one consumer thread waits for
+ * each stage to land, holds it `work` SM cycles (what the MMAs would take), gives it
+ * back (or, `hold`, once the next stage has landed, as the GEMMs' consumers do). `share`
+ * CTAs read the same tiles in step (two token tiles on one weight block);
+ * tiles come from `distinct` regions (DRAM: enough to pass L2; L2: a few).
+ * Printed per configuration: GB/s per CTA (bytes it received / time), TB/s of the chip
+ * (distinct bytes read / time), and the mean time from a stage's issue to its use.
+ */
+#include "cli.h"
+#include "gemm.h"
+#include "gemm/sm90_primitives.cuh"
+
+#include <cuda.h>
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+using namespace mok_sm90;
+
+#define BS_CHECK(call)                                                                  \
+  do {                                                                                  \
+    cudaError_t e_ = (call);                                                            \
+    if (e_ != cudaSuccess) {                                                            \
+      fprintf(stderr, "bench stream: %s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_)); \
+      return 1;                                                                         \
+    }                                                                                   \
+  } while (0)
+
+struct StreamArgs {
+  CUtensorMap map;
+  int k_blocks, stage_rows, box_rows, stages, tiles, share, active, distinct;
+  int hold;                      /* 1: a stage goes back only once the next has landed (the
+                                    GEMMs' wgmma.wait_group 1); 0: after its work */
+  int stride;                    /* active CTAs: block indices 0, stride, 2 * stride, ... */
+  unsigned work;                 /* consumer hold per stage, SM cycles */
+  unsigned long long *lat;       /* [2]: sum of issue -> use cycles, stages */
+};
+
+__global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
+  extern __shared__ char raw[];
+  char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const int stage_bytes = a.stage_rows * 128;
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + a.stages * stage_bytes);
+  uint64_t *empty = full + a.stages;
+  volatile uint32_t *stamp = reinterpret_cast<volatile uint32_t *>(empty + a.stages);
+  if ((int)blockIdx.x % a.stride || (int)blockIdx.x / a.stride >= a.active) return;
+  const int me = (int)blockIdx.x / a.stride;
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 1);
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  const int groups = a.active / a.share, grp = me / a.share;
+  int stage = 0;
+  uint32_t phase = 0;
+  if (threadIdx.x == 0) { /* producer */
+    for (int j = 0; j < a.tiles; ++j) {
+      const int row0 = ((grp + j * groups) % a.distinct) * a.stage_rows;
+      for (int kb = 0; kb < a.k_blocks; ++kb) {
+        while (!mbarrier_try_wait_parity(&empty[stage], phase ^ 1u)) {
+        }
+        stamp[stage] = (uint32_t)clock64();
+        mbarrier_arrive_expect_tx(&full[stage], (uint32_t)stage_bytes);
+        for (int b = 0; b < a.stage_rows; b += a.box_rows)
+          tma_load_2d(smem + stage * stage_bytes + b * 128, &a.map, &full[stage], kb * 64, row0 + b);
+        if (++stage == a.stages) stage = 0, phase ^= 1u;
+      }
+    }
+  } else if (threadIdx.x == 32) { /* consumer */
+    unsigned long long sum = 0, n = 0;
+    for (int j = 0; j < a.tiles; ++j)
+      for (int kb = 0; kb < a.k_blocks; ++kb) {
+        while (!mbarrier_try_wait_parity(&full[stage], phase)) {
+        }
+        const uint32_t t = (uint32_t)clock64();
+        sum += t - stamp[stage];
+        ++n;
+        if (a.work)
+          while ((uint32_t)clock64() - t < a.work) {
+          }
+        if (!a.hold) mbarrier_arrive(&empty[stage]);
+        else if (j || kb) mbarrier_arrive(&empty[stage ? stage - 1 : a.stages - 1]);
+        if (++stage == a.stages) stage = 0, phase ^= 1u;
+      }
+    if (a.hold) mbarrier_arrive(&empty[stage ? stage - 1 : a.stages - 1]);
+    atomicAdd(&a.lat[0], sum);
+    atomicAdd(&a.lat[1], n);
+  }
+}
+
+typedef struct cfg {
+  const char *what;
+  int active, stages, stage_rows, box_rows, share, l2;
+  unsigned work;
+  int hold, stride;
+} cfg;
+
+/* The sweep: load (CTAs streaming at once), ring shape (stages x stage bytes), box
+ * shape, reads in step, L2 against DRAM, and the GEMMs' own stage shapes with MMA time. */
+static const cfg kSweep[] = {
+    {"load", 1, 4, 256, 64, 1, 0, 0},      {"load", 16, 4, 256, 64, 1, 0, 0},
+    {"load", 33, 4, 256, 64, 1, 0, 0},     {"load", 66, 4, 256, 64, 1, 0, 0},
+    {"load", 132, 4, 256, 64, 1, 0, 0},    {"ring", 33, 2, 256, 64, 1, 0, 0},
+    {"ring", 33, 3, 256, 64, 1, 0, 0},     {"ring", 33, 5, 256, 64, 1, 0, 0},
+    {"ring", 33, 6, 256, 64, 1, 0, 0},     {"ring", 33, 4, 320, 64, 1, 0, 0},
+    {"ring", 33, 5, 320, 64, 1, 0, 0},     {"ring", 33, 4, 416, 32, 1, 0, 0},
+    {"ring", 33, 8, 128, 64, 1, 0, 0},     {"ring", 33, 12, 128, 64, 1, 0, 0},
+    {"ring", 33, 16, 96, 32, 1, 0, 0},     {"ring", 132, 2, 256, 64, 1, 0, 0},
+    {"ring", 132, 6, 256, 64, 1, 0, 0},    {"ring", 132, 12, 128, 64, 1, 0, 0},
+    {"box", 33, 4, 256, 32, 1, 0, 0},      {"box", 33, 4, 256, 128, 1, 0, 0},
+    {"box", 33, 4, 256, 256, 1, 0, 0},     {"box", 132, 4, 256, 256, 1, 0, 0},
+    {"share", 132, 4, 256, 64, 2, 0, 0},   {"share", 132, 6, 256, 64, 2, 0, 0},
+    {"l2", 1, 4, 256, 64, 1, 1, 0},        {"l2", 33, 4, 256, 64, 1, 1, 0},
+    {"l2", 132, 4, 256, 64, 1, 1, 0},      {"l2", 132, 6, 256, 64, 1, 1, 0},
+    {"l2", 132, 12, 128, 64, 1, 1, 0},
+    /* down, qwen3.5 R320: 52 KB stages (256 weight + 160 token rows) of 0.88 us of MMAs,
+     * 4 of them, two CTAs on each weight block; cuBLAS: 5 x 36 KB stages of 0.44 us */
+    {"gemm", 132, 4, 416, 32, 2, 0, 1740}, {"gemm", 132, 5, 288, 32, 2, 0, 870},
+    {"gemm", 132, 6, 288, 32, 2, 0, 870},  {"gemm", 132, 4, 416, 32, 2, 0, 0},
+    {"gemm", 132, 4, 416, 32, 2, 0, 1740, 1},
+    /* one-tile experts' weight streams on a third of the SMs: 40 KB stages (256 weight
+     * rows + 64 token rows), the GEMMs' hold or not, CTAs 0 .. 32 or every fourth */
+    {"single", 33, 4, 320, 64, 1, 0, 500, 1}, {"single", 33, 4, 320, 64, 1, 0, 500, 0},
+    {"single", 33, 5, 320, 64, 1, 0, 500, 0}, {"single", 33, 4, 320, 64, 1, 0, 500, 0, 4},
+    {"single", 33, 5, 320, 64, 1, 0, 500, 0, 4}, {"single", 16, 4, 320, 64, 1, 0, 500, 0, 8},
+};
+
+static void usage(void) {
+  fprintf(stderr,
+          "usage: mok bench stream [--k K] [--reps N]\n"
+          "  TMA streams into shared memory, one SM each, over a sweep of loads, ring shapes,\n"
+          "  box shapes, reads in step and L2 vs DRAM (diagnostics; tools/bench_stream.cu).\n"
+          "  --k: columns of the streamed matrix (a tile's k-blocks = K / 64; default 4096)\n");
+}
+
+extern "C" int mok_bench_stream_main(int argc, char **argv) {
+  int K = 4096, reps = 5;
+  for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || i + 1 >= argc) { usage(); return 2; }
+    if (!strcmp(argv[i], "--k")) K = atoi(argv[++i]);
+    else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
+    else { fprintf(stderr, "bench stream: unknown option %s\n", argv[i]); usage(); return 2; }
+  }
+  if (K < 64 || K % 64 || reps < 1) { fprintf(stderr, "bench stream: --k a multiple of 64, --reps >= 1\n"); return 2; }
+  int sms = 0, clock_khz = 0;
+  BS_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  BS_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  const size_t dram_bytes = (size_t)3 << 30; /* past any L2 */
+  void *buf = NULL;
+  unsigned long long *lat = NULL;
+  BS_CHECK(cudaMalloc(&buf, dram_bytes));
+  BS_CHECK(cudaMemset(buf, 0x3c, dram_bytes));
+  BS_CHECK(cudaMalloc(&lat, 2 * sizeof *lat));
+  BS_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+  cudaEvent_t e0, e1;
+  BS_CHECK(cudaEventCreate(&e0));
+  BS_CHECK(cudaEventCreate(&e1));
+  printf("mok bench stream: K %d, %d SMs, clock %.0f MHz, %d reps (median)\n", K, sms, clock_khz / 1e3, reps);
+  printf("%-6s %6s %6s %6s %8s %5s %5s %4s %6s %4s %10s %9s %9s %12s\n", "what", "CTAs", "stride", "stages", "stage KB",
+         "box", "share", "src", "work", "hold", "time us", "GB/s/CTA", "TB/s", "issue->use us");
+  for (size_t c = 0; c < sizeof kSweep / sizeof kSweep[0]; ++c) {
+    const cfg f = kSweep[c];
+    const int stride = f.stride > 1 ? f.stride : 1;
+    const int active = f.active * stride <= sms ? f.active : sms / stride;
+    const size_t tile_bytes = (size_t)f.stage_rows * K * 2;
+    const int tiles = (int)((64ull << 20) / tile_bytes) > 0 ? (int)((64ull << 20) / tile_bytes) : 1; /* ~64 MB a CTA */
+    const int groups = active / f.share;
+    int distinct = f.l2 ? 4 : (int)(dram_bytes / tile_bytes);
+    if (!f.l2 && distinct > groups * tiles) distinct = groups * tiles;
+    StreamArgs a;
+    memset(&a, 0, sizeof a);
+    if (mok_gemm_tma_map(&a.map, buf, (uint64_t)K, (uint64_t)distinct * f.stage_rows, (uint32_t)f.box_rows) !=
+        mokSuccess) {
+      fprintf(stderr, "bench stream: %s\n", mokGetLastError());
+      return 1;
+    }
+    a.k_blocks = K / 64, a.stage_rows = f.stage_rows, a.box_rows = f.box_rows, a.stages = f.stages;
+    a.tiles = tiles, a.share = f.share, a.active = active, a.distinct = distinct, a.work = f.work, a.lat = lat;
+    a.hold = f.hold, a.stride = stride;
+    const size_t smem = 1024 + (size_t)f.stages * f.stage_rows * 128 + (size_t)f.stages * (16 + 4) + 64;
+    if (smem > 232448) { fprintf(stderr, "bench stream: config %zu needs %zu bytes of shared memory\n", c, smem); return 1; }
+    float ms[16];
+    const int n = reps < 16 ? reps : 16;
+    for (int r = -1; r < n; ++r) {
+      BS_CHECK(cudaMemset(lat, 0, 2 * sizeof *lat));
+      BS_CHECK(cudaEventRecord(e0));
+      stream_kernel<<<sms, 64, smem>>>(a);
+      BS_CHECK(cudaEventRecord(e1));
+      BS_CHECK(cudaEventSynchronize(e1));
+      BS_CHECK(cudaGetLastError());
+      if (r >= 0) BS_CHECK(cudaEventElapsedTime(&ms[r], e0, e1));
+    }
+    for (int i = 1; i < n; ++i) /* insertion sort: median */
+      for (int j = i; j > 0 && ms[j] < ms[j - 1]; --j) { const float t = ms[j]; ms[j] = ms[j - 1]; ms[j - 1] = t; }
+    const double t = ms[n / 2] * 1e-3;
+    unsigned long long h[2];
+    BS_CHECK(cudaMemcpy(h, lat, sizeof h, cudaMemcpyDeviceToHost));
+    const double per_cta = (double)tiles * tile_bytes;
+    printf("%-6s %6d %6d %6d %8.1f %5d %5d %4s %6u %4d %10.1f %9.1f %9.2f %12.2f\n", f.what, active, stride, f.stages,
+           f.stage_rows * 128 / 1024.0, f.box_rows, f.share, f.l2 ? "L2" : "DRAM", f.work, f.hold, t * 1e6,
+           per_cta / t / 1e9, per_cta * groups / t / 1e12, h[1] ? (double)h[0] / h[1] / (clock_khz * 1e-3) : 0.0);
+  }
+  cudaFree(buf);
+  cudaFree(lat);
+  return 0;
+}
