@@ -125,8 +125,7 @@ mokResult_t mok_gemm_error_word(unsigned long long *word, int clear);
 mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile);
 /* Timing diagnostics of the token-tile epilogue (forward gate+up and down; their outputs
  * are WRONG while it is on): 1 = everything but the TMA stores, 2 = no epilogue at all,
- * 3 = no MMAs either (the loads alone), 4 = no loads (MMAs and epilogue on whatever the
- * stages hold), 0 = off (the default). Process-wide. */
+ * 0 = off (the default). Process-wide. */
 mokResult_t mok_gemm_debug_epilogue(int mode);
 /* Benchmarks: how tiles reach CTAs: 0 = the library's rule, 1 = static round-robin,
  * 2 = run-time tickets; split_tail: 64-row tails of 256-wide tiles split by columns over
@@ -164,10 +163,6 @@ mokResult_t mok_gemm_debug_row_box128(int mode);
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
  * tiles spread evenly over the one order). Process-wide. */
 mokResult_t mok_gemm_debug_mix_ctas(int ctas);
-/* Benchmarks: forward token tiles of at most `rows` rows give each pipeline stage back as
- * soon as their own MMAs on it are done (one more stage of loads in flight); 0 = never, -1
- * = the library's rule. Process-wide. */
-mokResult_t mok_gemm_debug_eager_rows(int rows);
 /* Diagnostics (mok bench stream): encodes into `map` (a CUtensorMap: 128 bytes, 64-byte
  * aligned) the TMA map the GEMM tiles use for a row-major bf16 [outer, inner] tensor at
  * ptr: boxes of 64 elements (128 bytes) x box_outer rows, 128-byte swizzle, 256-byte L2

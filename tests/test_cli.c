@@ -65,8 +65,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --pairs 2", "--pairs on|off"},
       {"bench gemm --stagger yes", "--stagger on|off"},
       {"bench gemm --row-box 64", "--row-box 32|128"},
-      {"bench gemm --epi-debug 5", "--epi-debug 0..4"},
-      {"bench gemm --eager-rows -2", "--eager-rows N, N >= -1"},
+      {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
   };

@@ -137,10 +137,6 @@ struct GemmTileArgs {
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
   int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
-  int eager_rows; /* token tiles of at most eager_rows rows give each stage but the last back
-                     once its own MMAs are done (wgmma.wait_group 0), not once the next stage
-                     has landed: one more stage in flight for the weight streams of few rows
-                     (tok_consume_nt); 0 = never */
   int mix_ctas;   /* mix order, token tiles (not pairs): split the CTAs instead of the order
                      (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' rule)
                      run the one-tile experts' tiles, the rest the others'; -1: no split, the
@@ -164,8 +160,7 @@ struct GemmTileArgs {
   int rank;       /* written into the error word */
   int stall_tile; /* tests: the producer stops before this tile (a lost load); -1 = off */
   int epi_debug;  /* timing diagnostics of token tiles (outputs wrong): 1 = no TMA stores,
-                     2 = no epilogue at all, 3 = no MMAs either (the loads alone), 4 = no
-                     loads (MMAs and epilogue alone); 0 = off */
+                     2 = no epilogue at all; 0 = off */
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
   int pair_solo;    /* CTA pairs, diagnostics: each CTA loads all its operands (no multicast) */
@@ -967,11 +962,6 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     char *sw = smem + p.stage * TC::kStageBytes;
     char *st = sw + TC::kWBytes;
     if (a.sclk) tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage] = (uint32_t)clock64(); /* before the release */
-    if (a.epi_debug == 4) { /* timing diagnostics: no loads, the MMAs read what the stage holds */
-      mbarrier_arrive(bar);
-      pipe_advance<TC::kStages>(p);
-      continue;
-    }
     mbarrier_arrive_expect_tx(bar, stage_tx);
     const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
     const int rank = PAIR ? (int)cluster_ctarank() : 0, n32 = c.nt / 32; /* per stage: few registers */
@@ -1130,16 +1120,8 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   float acc0[NT / 2], acc1[NT / 2];
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc0[i] = acc1[i] = 0.f;
-  if (a.epi_debug == 3) { /* timing diagnostics: the loads alone, no MMAs, no epilogue */
-    for (int kb = 0; kb < k_blocks; ++kb) {
-      bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
-      tok_release<PAIR>(&empty[p.stage], leader);
-      pipe_advance<TC::kStages>(p);
-    }
-    return;
-  }
   int prev = 0;
-  const bool clk = a.sclk && threadIdx.x == 128, eager = NT <= a.eager_rows;
+  const bool clk = a.sclk && threadIdx.x == 128;
   for (int kb = 0; kb < k_blocks; ++kb) {
     const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
@@ -1155,15 +1137,9 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
       wgmma_bf16<NT, 0, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 32, 16, 1024), db, 1);
     }
     wgmma_commit_group();
-    if (eager) { /* few rows: the MMAs are short, the stream is bound by loads in flight */
-      wgmma_wait_group<0>();
-      reg_fence_all(acc0, acc1);
-      if (kb + 1 < k_blocks) tok_release<PAIR>(&empty[p.stage], leader); /* the last: the epilogue's */
-    } else {
-      wgmma_wait_group<1>();
-      reg_fence_all(acc0, acc1);
-      if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
-    }
+    wgmma_wait_group<1>();
+    reg_fence_all(acc0, acc1);
+    if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
     prev = p.stage;
     pipe_advance<TC::kStages>(p);
   }
@@ -1357,7 +1333,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (threadIdx.x == 0) {
       const int P = TOK != 1 || !mix || a.mix_ctas < 0 ? 0 : a.mix_ctas ? a.mix_ctas : mix_P;
       mix_tc[2] = P > 0 && P < (int)gridDim.x ? P : 0;
-      mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (by SM number, or spread: level) */
+      mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (chosen by SM number instead: level) */
     }
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
