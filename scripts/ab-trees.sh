@@ -28,20 +28,4 @@ for cfg in "$@"; do
     done
   done
 done
-python3 - "$J" "$TREES" <<'PY'
-import json, glob, os, sys, collections
-names = [t.split("=", 1)[0] for t in sys.argv[2].split(";") if t]
-d = collections.defaultdict(dict)
-for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
-    tag, name, rep = os.path.basename(f)[:-5].rsplit(".", 2)
-    try: rs = json.load(open(f))["results"]
-    except Exception as e: print(f, "unreadable", e); continue
-    for r in rs: d[(tag, r["kind"])][(name, rep)] = (r["tflops"], r["cublas_tflops"])
-print("%-12s %-14s" % ("config", "kind") + "".join(" %22s" % n for n in names) + "   (TFLOP/s run1 run2 / ratio to cuBLAS)")
-for (tag, kind), v in sorted(d.items()):
-    row = "%-12s %-14s" % (tag, kind)
-    for n in names:
-        a, b = v.get((n, "1"), (0, 1)), v.get((n, "2"), (0, 1))
-        row += " %6.1f %6.1f %5.3f" % (a[0], b[0], (a[0] + b[0]) / max(a[1] + b[1], 1))
-    print(row)
-PY
+python3 scripts/ab-table.py "$J" "$TREES"
