@@ -173,9 +173,11 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
   return make_map_t(map, ptr, 0, inner, outer, box_outer, what);
 }
 
-extern "C" mokResult_t mok_gemm_tma_map(void *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer) {
+extern "C" mokResult_t mok_gemm_tma_map(void *map, const void *ptr, uint64_t inner, uint64_t outer,
+                                        uint32_t box_outer) {
   if (!map || !ptr || inner % 64 || !outer || !box_outer || box_outer > 256)
-    return mok_error(NULL, mokInvalidArgument, "mok_gemm_tma_map: map %p, ptr %p, inner %llu (a multiple of 64), outer %llu, box %u (1 .. 256)",
+    return mok_error(NULL, mokInvalidArgument,
+                     "mok_gemm_tma_map: map %p, ptr %p, inner %llu (a multiple of 64), outer %llu, box %u (1 .. 256)",
                      map, ptr, (unsigned long long)inner, (unsigned long long)outer, box_outer);
   return make_map(static_cast<CUtensorMap *>(map), ptr, inner, outer, box_outer, "mok_gemm_tma_map");
 }

@@ -190,7 +190,10 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
     a.tiles = tiles, a.share = f.share, a.active = active, a.distinct = distinct, a.work = f.work, a.lat = lat;
     a.hold = f.hold, a.stride = stride;
     const size_t smem = 1024 + (size_t)f.stages * f.stage_rows * 128 + (size_t)f.stages * (16 + 4) + 64;
-    if (smem > 232448) { fprintf(stderr, "bench stream: config %zu needs %zu bytes of shared memory\n", c, smem); return 1; }
+    if (smem > 232448) {
+      fprintf(stderr, "bench stream: config %zu needs %zu bytes of shared memory\n", c, smem);
+      return 1;
+    }
     float ms[16];
     const int n = reps < 16 ? reps : 16;
     for (int r = -1; r < n; ++r) {
