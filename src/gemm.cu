@@ -203,6 +203,7 @@ static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 =
 static int g_pairs = 0; /* token tiles in 2-CTA clusters (0 = pair_rule, 1 = on, 2 = off, 3 = solo) */
 static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_rule, 1 = on, 2 = off */
+static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none, N: <= N rows */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
@@ -261,6 +262,25 @@ static int row_box_rule(int kind) {
 extern "C" mokResult_t mok_gemm_debug_row_box128(int mode) {
   if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_row_box128: mode %d", mode);
   __atomic_store_n(&g_row_box128, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+/* Token tiles of at most this many rows give each stage back once its own MMAs are done
+ * (GemmTileArgs::eager_rows): their MMAs are short, their weight stream bound by the loads
+ * in flight. Measured (docs/PERF.md, session 9, 1x H200, 96 vs never): tile traces of
+ * qwen3.5 Zipf 1.2 gate+up, one-tile tiles of 48 rows 45.0 -> 40.5 us, 64 rows 45.0 ->
+ * 43.9 us; deepseek-v4-pro Zipf down +1.8% (both runs); the other shapes within +-1%
+ * (balanced ones have no tile that small). The branch is compiled only into tiles of <= 96
+ * rows (kTokEagerMaxRows): a larger knob acts as 96. */
+static int eager_rule(void) {
+  const int knob = __atomic_load_n(&g_eager_rows, __ATOMIC_RELAXED);
+  return knob >= 0 ? knob : 96;
+}
+
+extern "C" mokResult_t mok_gemm_debug_eager_rows(int rows) {
+  if (rows < -1)
+    return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_eager_rows: rows = %d, must be >= -1", rows);
+  __atomic_store_n(&g_eager_rows, rows, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -383,6 +403,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
+  args.eager_rows = eager_rule();
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;

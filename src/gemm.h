@@ -163,6 +163,10 @@ mokResult_t mok_gemm_debug_row_box128(int mode);
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
  * tiles spread evenly over the one order). Process-wide. */
 mokResult_t mok_gemm_debug_mix_ctas(int ctas);
+/* Benchmarks: forward token tiles of at most `rows` rows (and at most 96) give each pipeline
+ * stage back as soon as their own MMAs on it are done (one more stage of loads in flight);
+ * 0 = never, -1 = the library's rule. Process-wide. */
+mokResult_t mok_gemm_debug_eager_rows(int rows);
 /* Diagnostics (mok bench stream): encodes into `map` (a CUtensorMap: 128 bytes, 64-byte
  * aligned) the TMA map the GEMM tiles use for a row-major bf16 [outer, inner] tensor at
  * ptr: boxes of 64 elements (128 bytes) x box_outer rows, 128-byte swizzle, 256-byte L2

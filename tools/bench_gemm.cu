@@ -85,7 +85,8 @@ static void usage(void) {
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
-          "                      [--mix-ctas P] [--epi-debug 0|1|2]\n"
+          "                      [--mix-ctas P] [--eager-rows N]\n"
+          "                      [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -101,7 +102,8 @@ static void usage(void) {
           "  (--stagger, default: the rule); forward token tiles' rows in TMA boxes of 32 rows, or of\n"
           "  128 first (--row-box, default: the rule); mix order splits the CTAs, the first P on the\n"
           "  single-tile experts' tiles (--mix-ctas P; default 0: the rule; -1: no split, those\n"
-          "  tiles spread evenly over the others' order);\n"
+          "  tiles spread evenly over the others' order); token tiles of <= N rows free each stage\n"
+          "  once their MMAs on it are done (--eager-rows N, at most 96; default -1: the rule; 0: never);\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
@@ -510,7 +512,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
-  int row_box = 0, mix_ctas = 0;
+  int row_box = 0, mix_ctas = 0, eager_rows = -1;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -560,6 +562,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--mix-ctas")) {
       mix_ctas = atoi(v);
       if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
+    } else if (!strcmp(a, "--eager-rows")) {
+      eager_rows = atoi(v);
+      if (eager_rows < -1) { fprintf(stderr, "bench gemm: --eager-rows N, N >= -1\n"); return 2; }
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
@@ -594,6 +599,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_stagger(stagger);
   mok_gemm_debug_row_box128(row_box);
   mok_gemm_debug_mix_ctas(mix_ctas);
+  mok_gemm_debug_eager_rows(eager_rows);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;

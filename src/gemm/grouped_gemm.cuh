@@ -137,6 +137,10 @@ struct GemmTileArgs {
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
   int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
+  int eager_rows; /* token tiles of at most eager_rows rows give each stage but the last back
+                     once its own MMAs are done (wgmma.wait_group 0), not once the next stage
+                     has landed: one more stage in flight for the weight streams of few rows
+                     (tok_consume_nt; only tiles of <= kTokEagerMaxRows rows can); 0 = never */
   int mix_ctas;   /* mix order, token tiles (not pairs): split the CTAs instead of the order
                      (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' rule)
                      run the one-tile experts' tiles, the rest the others'; -1: no split, the
@@ -307,6 +311,9 @@ __host__ __device__ __forceinline__ int32_t sched_ld(const int32_t *p) {
 constexpr int kTokUnit = 16;
 constexpr int kTokMaxUnits = 11;
 constexpr int kTokMax = kTokUnit * kTokMaxUnits; /* 176 */
+/* Tiles of at most this many rows may give each stage back once their own MMAs on it are
+ * done (GemmTileArgs::eager_rows, tok_consume_nt): a branch compiled into those only. */
+constexpr int kTokEagerMaxRows = 96;
 /* Tiles for u units: the fewest of <= max_units units, or one more where that makes them
  * equal (512 rows: 4 x 128, not 176 + 176 + 160): tiles of unequal cost drift apart
  * under a static schedule and stop sharing their weight block in L2 (measured: kimi
@@ -1122,6 +1129,8 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   for (int i = 0; i < NT / 2; ++i) acc0[i] = acc1[i] = 0.f;
   int prev = 0;
   const bool clk = a.sclk && threadIdx.x == 128;
+  /* compiled only into tiles of <= kTokEagerMaxRows rows: the larger tiles' loop is untouched */
+  const bool eager = NT <= kTokEagerMaxRows && NT <= a.eager_rows;
   for (int kb = 0; kb < k_blocks; ++kb) {
     const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
@@ -1137,9 +1146,15 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
       wgmma_bf16<NT, 0, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 32, 16, 1024), db, 1);
     }
     wgmma_commit_group();
-    wgmma_wait_group<1>();
-    reg_fence_all(acc0, acc1);
-    if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
+    if (eager) { /* few rows: the MMAs are short, the stream is bound by loads in flight */
+      wgmma_wait_group<0>();
+      reg_fence_all(acc0, acc1);
+      if (kb + 1 < k_blocks) tok_release<PAIR>(&empty[p.stage], leader); /* the last: the epilogue's */
+    } else {
+      wgmma_wait_group<1>();
+      reg_fence_all(acc0, acc1);
+      if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
+    }
     prev = p.stage;
     pipe_advance<TC::kStages>(p);
   }
@@ -1333,7 +1348,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (threadIdx.x == 0) {
       const int P = TOK != 1 || !mix || a.mix_ctas < 0 ? 0 : a.mix_ctas ? a.mix_ctas : mix_P;
       mix_tc[2] = P > 0 && P < (int)gridDim.x ? P : 0;
-      mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (chosen by SM number instead: level) */
+      mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (by SM number, or spread: level) */
     }
     if (threadIdx.x == 0) {
       tma_prefetch_descriptor(&a.tm_a);
