@@ -167,6 +167,10 @@ mokResult_t mok_gemm_debug_mix_ctas(int ctas);
  * stage back as soon as their own MMAs on it are done (one more stage of loads in flight);
  * 0 = never, -1 = the library's rule. Process-wide. */
 mokResult_t mok_gemm_debug_eager_rows(int rows);
+/* Benchmarks: gate+up token tiles (CTAs alone) load a stage's weights as one 4-D TMA box
+ * over W_gate and W_up (1; only where W_up lies after W_gate, else four boxes), four 64-row
+ * boxes (2) or two 3-D boxes (3); 0 = the library's rule (1). Process-wide. */
+mokResult_t mok_gemm_debug_gu_box(int mode);
 /* Diagnostics (mok bench stream): encodes into `map` (a CUtensorMap: 128 bytes, 64-byte
  * aligned) the TMA map the GEMM tiles use for a row-major bf16 [outer, inner] tensor at
  * ptr: boxes of 64 elements (128 bytes) x box_outer rows, 128-byte swizzle, 256-byte L2

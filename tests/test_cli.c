@@ -67,6 +67,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --row-box 64", "--row-box 32|128"},
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
       {"bench gemm --eager-rows -2", "--eager-rows N, N >= -1"},
+      {"bench gemm --gu-box 2", "--gu-box one|two|four"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
   };

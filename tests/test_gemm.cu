@@ -69,6 +69,7 @@ MOK_TEST(gemm_validation) {
   /* debug knobs refuse values out of range */
   CHECK_STATUS(mok_gemm_debug_epilogue(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_eager_rows(-2), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_gu_box(4), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_epilogue(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_tiles(0, 0, 3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_pairs(4), mokInvalidArgument);
@@ -742,8 +743,9 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
    * by class (mok_gemm_debug_mix_ctas: the rule, few and most of them on the one-tile
    * experts; the plain mix run does not split). Last, stages given back early or late
    * (mok_gemm_debug_eager_rows: no tile; tiles of <= 96 rows, as the rule, here the tiles of
-   * experts 1, 3 and 5, under static order). */
-  enum { E = 6, H = 512, I = 512, kRuns = 11 };
+   * experts 1, 3 and 5, under static order). Then gate+up's weights in two 3-D TMA boxes
+   * and in four 2-D ones instead of the rule's one 4-D box (mok_gemm_debug_gu_box). */
+  enum { E = 6, H = 512, I = 512, kRuns = 13 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
@@ -772,15 +774,19 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   /* (static: stagger on by the rule, so expert 0's tiles are cut in other sizes there) */
   static const char *names[kRuns] = {"static",       "tickets",     "mix",          "static pairs",      "ticket pairs",
                                      "mix pairs", "mix, 2 CTAs split", "mix, 100 CTAs split", "mix, split by the rule",
-                                     "static, no early stage release", "static, <= 96 rows released early"};
+                                     "static, no early stage release", "static, <= 96 rows released early",
+                                     "static, gate+up weights in two 3-D boxes", "mix, gate+up weights in four boxes"};
   for (int m = 0; m < kRuns && !err; ++m) {
-    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m >= 9 ? 1 : 2, mix = m < 6 ? m % 3 == 2 : m < 9;
+    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 ? 2 : m >= 9 ? 1 : 2;
+    const int mix = m < 6 ? m % 3 == 2 : m < 9 || m == 12;
     const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 ? 0 : -1;
     CHECK_OK(mok_gemm_debug_eager_rows(m == 9 ? 0 : m == 10 ? 96 : -1));
+    CHECK_OK(mok_gemm_debug_gu_box(m == 11 ? 3 : m == 12 ? 2 : 0));
     err = sched_outputs(mode, mix, m >= 3 && m < 6, split, E, H, I, cap, off, x, w,
                         dgu, act[m], y[m], dw[m]);
   }
   CHECK_OK(mok_gemm_debug_eager_rows(-1));
+  CHECK_OK(mok_gemm_debug_gu_box(0));
   int bad_act = 0, bad_y = 0, bad_dw = 0;
   for (int m = 1; m < kRuns && !err; ++m) {
     if (!bad_act && memcmp(act[0], act[m], (size_t)cap * I * 2)) bad_act = m;

@@ -85,7 +85,7 @@ static void usage(void) {
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
-          "                      [--mix-ctas P] [--eager-rows N]\n"
+          "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
@@ -104,6 +104,8 @@ static void usage(void) {
           "  single-tile experts' tiles (--mix-ctas P; default 0: the rule; -1: no split, those\n"
           "  tiles spread evenly over the others' order); token tiles of <= N rows free each stage\n"
           "  once their MMAs on it are done (--eager-rows N, at most 96; default -1: the rule; 0: never);\n"
+          "  gate+up token tiles load a stage's weights as one 4-D TMA box over W_gate and W_up, two\n"
+          "  3-D boxes or four 2-D ones (--gu-box one|two|four; default: the rule, one)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
@@ -512,7 +514,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
-  int row_box = 0, mix_ctas = 0, eager_rows = -1;
+  int row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -562,6 +564,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--mix-ctas")) {
       mix_ctas = atoi(v);
       if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
+    } else if (!strcmp(a, "--gu-box")) {
+      gu_box = !strcmp(v, "one") ? 1 : !strcmp(v, "four") ? 2 : !strcmp(v, "two") ? 3 : -1;
+      if (gu_box < 0) { fprintf(stderr, "bench gemm: --gu-box one|two|four\n"); return 2; }
     } else if (!strcmp(a, "--eager-rows")) {
       eager_rows = atoi(v);
       if (eager_rows < -1) { fprintf(stderr, "bench gemm: --eager-rows N, N >= -1\n"); return 2; }
@@ -600,6 +605,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_row_box128(row_box);
   mok_gemm_debug_mix_ctas(mix_ctas);
   mok_gemm_debug_eager_rows(eager_rows);
+  mok_gemm_debug_gu_box(gu_box);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
   b->H = H ? H : m->H;
   b->I = I ? I : m->I;
@@ -646,8 +652,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   BCUDA(cudaMalloc(&b->gu, cap * Is * 4));
   BCUDA(cudaMalloc(&b->dgu, cap * Is * 4));
   BCUDA(cudaMalloc(&b->cub_out, cap * (Hs > 2 * Is ? Hs : 2 * Is) * 2));
-  BCUDA(cudaMalloc(&b->wg, wsz * 2));
-  BCUDA(cudaMalloc(&b->wu, wsz * 2));
+  BCUDA(cudaMalloc(&b->wg, wsz * 4)); /* W_gate, then W_up (as a layer holds them: --gu-box one) */
+  b->wu = b->wg + wsz;
   BCUDA(cudaMalloc(&b->wd, wsz * 2));
   BCUDA(cudaMalloc(&b->wgu_cub, wsz * 4));
   BCUDA(cudaMalloc(&b->dw0, wsz * 4));
@@ -712,7 +718,7 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   const int rc = bench_main(argc, argv, &b);
-  void *bufs[] = {b.off, b.cnt, b.x, b.wg, b.wu, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
+  void *bufs[] = {b.off, b.cnt, b.x, b.wg, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
                   b.dw0, b.dw1, b.dw2, b.cub_dw, b.bad};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);
