@@ -173,20 +173,21 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
   return make_map_t(map, ptr, 0, inner, outer, box_outer, what);
 }
 
-/* Gate+up weights as one 4-D tensor: dims {K = hidden, 64 rows, 2 (W_gate, then W_up at
- * its distance from W_gate), E * inter / 64 row groups}, box {64, 64, 2, 2}: one load gives
- * a token tile's stage [64 gate | 64 up | next 64 gate | 64 up] rows. Only where W_up lies
- * after W_gate at a multiple of 16 bytes (a stride is unsigned); else *ok = 0. */
+/* Gate+up weights as one tensor over both: boxes = 1: 4-D, dims {K = hidden, 64 rows, 2
+ * (W_gate, then W_up at its distance from W_gate), E * inter / 64 row groups}, box {64, 64,
+ * 2, 2}: one load gives a token tile's stage [64 gate | 64 up | next 64 gate | 64 up] rows;
+ * boxes = 2: 3-D, dims {K, rows, 2}, box {64, 64, 2}: [64 gate | 64 up] a load. Only where
+ * W_up lies after W_gate at a multiple of 16 bytes (a stride is unsigned): then *used =
+ * boxes, else 0 (the four 2-D boxes of tm_b0 / tm_b1). */
 static mokResult_t make_map_gu(CUtensorMap *map, const mokBf16 *w_gate, const mokBf16 *w_up, uint64_t hidden,
-                               uint64_t rows, int mode, int *ok) {
-  *ok = 0;
+                               uint64_t rows, int boxes, int *used) {
+  *used = 0;
   const uintptr_t g = (uintptr_t)w_gate, u = (uintptr_t)w_up;
   if (u <= g || (u - g) % 16 || rows % 64 || u - g >= (1ull << 40)) return mokSuccess;
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MOK_CHECK(get_encode(&encode));
-  /* mode 1: {K, 64, 2, rows / 64}, box {64, 64, 2, 2}; mode 3: {K, rows, 2}, box {64, 64, 2} */
-  const int rank = mode == 1 ? 4 : 3;
-  cuuint64_t dims[4] = {hidden, mode == 1 ? 64 : rows, 2, rows / 64};
+  const int rank = boxes == 1 ? 4 : 3;
+  cuuint64_t dims[4] = {hidden, boxes == 1 ? 64 : rows, 2, rows / 64};
   cuuint64_t strides[3] = {hidden * 2, (cuuint64_t)(u - g), 64 * hidden * 2};
   cuuint32_t box[4] = {64, 64, 2, 2};
   cuuint32_t estr[4] = {1, 1, 1, 1};
@@ -194,7 +195,7 @@ static mokResult_t make_map_gu(CUtensorMap *map, const mokBf16 *w_gate, const mo
                       box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
                       CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return mokSuccess; /* (the four-box path then) */
-  *ok = mode == 1 ? 1 : 2;
+  *used = boxes;
   return mokSuccess;
 }
 
@@ -226,11 +227,12 @@ static int g_raster = 8; /* row tiles of an expert per raster group (grouped_gem
 static int g_tok_units = kTokMaxUnits; /* most 16-row units of a token tile */
 static int g_mix = 0; /* token tiles under tickets: mix order (0 = mix_rule, 1 = on, 2 = off) */
 static int g_pairs = 0; /* token tiles in 2-CTA clusters (0 = pair_rule, 1 = on, 2 = off, 3 = solo) */
-static int g_gu_box = 0; /* gate+up token tiles' weights: 0 = gu_box_rule, 1 = one 4-D box, 2 = four boxes,
-                            3 = two 3-D boxes */
+static int g_gu_box = 0; /* gate+up token tiles' weights: 0 = gu_boxes_rule, 1 = one 4-D box, 2 = four boxes,
+                            3 = two 3-D boxes (mok_gemm_debug_gu_box) */
 static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_rule, 1 = on, 2 = off */
-static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none, N: <= N rows */
+static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none,
+                                 N: <= N rows */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
@@ -317,9 +319,9 @@ extern "C" mokResult_t mok_gemm_debug_eager_rows(int rows) {
  * deepseek-v4-pro +2%, qwen3.5 +0.5%; balanced deepseek-v4-pro +2.5%, qwen3.5 R512 +0.8%,
  * R320 +0.5%, kimi and glm level. (A DRAM stream is faster in fewer, larger TMA boxes: the
  * down weights as 2 x 128 rows instead of one 256-row box lost 5-8%.) */
-static int gu_box_rule(void) {
-  const int knob = __atomic_load_n(&g_gu_box, __ATOMIC_RELAXED);
-  return knob == 0 ? 1 : knob == 1 || knob == 3 ? knob : 0;
+static int gu_boxes_rule(void) { /* boxes a stage */
+  static const int boxes[4] = {1, 1, 4, 2};
+  return boxes[__atomic_load_n(&g_gu_box, __ATOMIC_RELAXED)];
 }
 
 extern "C" mokResult_t mok_gemm_debug_gu_box(int mode) {
@@ -524,8 +526,9 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x"));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
-  if (ts.token && gu_box_rule())
-    MOK_CHECK(make_map_gu(&a.tm_aux, w_gate, w_up, hidden, E * inter, gu_box_rule(), &a.w_one_box));
+  const int gu_boxes = gu_boxes_rule();
+  if (ts.token && gu_boxes < 4)
+    MOK_CHECK(make_map_gu(&a.tm_aux, w_gate, w_up, hidden, E * inter, gu_boxes, &a.gu_boxes));
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = inter;
@@ -537,7 +540,7 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
     if (gu) MOK_CHECK(make_map(&a.tm_out1h, gu, 2 * (uint64_t)inter, rows->capacity, 16, "gu"));
     else a.tm_out1h = a.tm_out0h;
   }
-  if (!a.w_one_box) a.tm_aux = a.tm_out0; /* (else the 4-D or 3-D weight map) */
+  if (!a.gu_boxes) a.tm_aux = a.tm_out0; /* (else the 4-D or 3-D weight map) */
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);

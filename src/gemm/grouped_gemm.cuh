@@ -168,7 +168,7 @@ struct GemmTileArgs {
   int sched_mode;   /* 0: the rule (grouped_gemm_kernel); 1: static; 2: tickets */
   int split_tail;   /* BN = 256 kinds: 64-row tail tiles split by columns (else one warpgroup) */
   int pair_solo;    /* CTA pairs, diagnostics: each CTA loads all its operands (no multicast) */
-  int w_one_box;    /* gate+up token tiles alone, weights from tm_aux (gemm.cu make_map_gu):
+  int gu_boxes;     /* gate+up token tiles alone, weights from tm_aux (gemm.cu make_map_gu):
                        1: a stage's 256 weight rows in one 4-D box [64-row groups][gate, up]
                        [64 rows][K]; 2: two 3-D boxes [gate, up][64 rows][K]; 0: four 64-row
                        boxes of tm_b0 / tm_b1 */
@@ -985,9 +985,9 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
       } else { /* tm_b1: W_down with 128-row boxes */
         tma_load_2d_multicast(sw + rank * (TC::kWBytes / 2), &a.tm_b1, bar, kk, row + 128 * rank, 3);
       }
-    } else if (KIND == kGateUpFwd && a.w_one_box == 1) { /* [g 0-63 | u 0-63 | g 64-127 | u 64-127] */
+    } else if (KIND == kGateUpFwd && a.gu_boxes == 1) { /* [g 0-63 | u 0-63 | g 64-127 | u 64-127] */
       tma_load_4d(sw, &a.tm_aux, bar, kk, 0, 0, row / 64);
-    } else if (KIND == kGateUpFwd && a.w_one_box == 2) { /* [g | u] of 64 rows, twice */
+    } else if (KIND == kGateUpFwd && a.gu_boxes == 2) { /* [g | u] of 64 rows, twice */
       tma_load_3d(sw, &a.tm_aux, bar, kk, row, 0);
       tma_load_3d(sw + 2 * kChunkBytes, &a.tm_aux, bar, kk, row + 64, 0);
     } else if (KIND == kGateUpFwd) {
