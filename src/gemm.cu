@@ -151,8 +151,15 @@ static mokResult_t get_encode(PFN_cuTensorMapEncodeTiled_v12000 *out) {
 
 /* 2-D tensor [outer, inner] row-major, bf16 or fp32; box = 128 bytes of inner x box_outer,
  * 128-byte swizzle; loads read out-of-bounds elements as zero, stores skip them. */
+static CUtensorMapL2promotion promotion(int bytes) {
+  return bytes == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
+         : bytes == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
+         : bytes == 128 ? CU_TENSOR_MAP_L2_PROMOTION_L2_128B
+                        : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
+}
+
 static mokResult_t make_map_t(CUtensorMap *map, const void *ptr, int fp32, uint64_t inner, uint64_t outer,
-                              uint32_t box_outer, const char *what) {
+                              uint32_t box_outer, const char *what, int promo = 256) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MOK_CHECK(get_encode(&encode));
   const uint64_t es = fp32 ? 4 : 2;
@@ -162,15 +169,15 @@ static mokResult_t make_map_t(CUtensorMap *map, const void *ptr, int fp32, uint6
   cuuint32_t estr[2] = {1, 1};
   CUresult r = encode(map, fp32 ? CU_TENSOR_MAP_DATA_TYPE_FLOAT32 : CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, 2,
                       const_cast<void *>(ptr), dims, strides, box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE,
-                      CU_TENSOR_MAP_SWIZZLE_128B, CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+                      CU_TENSOR_MAP_SWIZZLE_128B, promotion(promo), CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS)
     return mok_error(NULL, mokCudaError, "cuTensorMapEncodeTiled(%s: %llu x %llu, box %u) failed: CUresult %d",
                      what, (unsigned long long)outer, (unsigned long long)inner, box_outer, (int)r);
   return mokSuccess;
 }
 static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, uint64_t outer, uint32_t box_outer,
-                            const char *what) {
-  return make_map_t(map, ptr, 0, inner, outer, box_outer, what);
+                            const char *what, int promo = 256) {
+  return make_map_t(map, ptr, 0, inner, outer, box_outer, what, promo);
 }
 
 /* Gate+up weights as one tensor over both: boxes = 1: 4-D, dims {K = hidden, 64 rows, 2
@@ -178,22 +185,24 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
  * 2, 2}: one load gives a token tile's stage [64 gate | 64 up | next 64 gate | 64 up] rows;
  * boxes = 2: 3-D, dims {K, rows, 2}, box {64, 64, 2}: [64 gate | 64 up] a load. Only where
  * W_up lies after W_gate at a multiple of 16 bytes (a stride is unsigned): then *used =
- * boxes, else 0 (the four 2-D boxes of tm_b0 / tm_b1). */
+ * boxes, else 0 (the four 2-D boxes of tm_b0 / tm_b1). (W_up before W_gate would need the
+ * consumers to swap the two halves: measured, session 11, that runtime offset in their
+ * loop cost glm-5.2 R512 gate+up 2.5%, so such layouts take the four boxes.) */
 static mokResult_t make_map_gu(CUtensorMap *map, const mokBf16 *w_gate, const mokBf16 *w_up, uint64_t hidden,
-                               uint64_t rows, int boxes, int *used) {
+                               uint64_t rows, int boxes, int promo, int *used) {
   *used = 0;
-  const uintptr_t g = (uintptr_t)w_gate, u = (uintptr_t)w_up;
-  if (u <= g || (u - g) % 16 || rows % 64 || u - g >= (1ull << 40)) return mokSuccess;
+  const uintptr_t g = (uintptr_t)w_gate, u = (uintptr_t)w_up, lo = g, d = u - g;
+  if (u <= g || d % 16 || rows % 64 || d >= (1ull << 40)) return mokSuccess;
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MOK_CHECK(get_encode(&encode));
   const int rank = boxes == 1 ? 4 : 3;
   cuuint64_t dims[4] = {hidden, boxes == 1 ? 64 : rows, 2, rows / 64};
-  cuuint64_t strides[3] = {hidden * 2, (cuuint64_t)(u - g), 64 * hidden * 2};
+  cuuint64_t strides[3] = {hidden * 2, (cuuint64_t)d, 64 * hidden * 2};
   cuuint32_t box[4] = {64, 64, 2, 2};
   cuuint32_t estr[4] = {1, 1, 1, 1};
-  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<mokBf16 *>(w_gate), dims, strides,
-                      box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B,
-                      CU_TENSOR_MAP_L2_PROMOTION_L2_256B, CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, (void *)lo, dims, strides, box, estr,
+                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion(promo),
+                      CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return mokSuccess; /* (the four-box path then) */
   *used = boxes;
   return mokSuccess;
@@ -231,6 +240,8 @@ static int g_gu_box = 0; /* gate+up token tiles' weights: 0 = gu_boxes_rule, 1 =
                             3 = two 3-D boxes (mok_gemm_debug_gu_box) */
 static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_rule, 1 = on, 2 = off */
+static int g_l2_promo[2] = {-1, -1}; /* forward token tiles' L2 promotion, bytes: weights, rows; -1 = 256 */
+static int g_cold_evict = 0;   /* one-tile experts' weights evict-first (split mix order): 0 = rule, 1 on, 2 off */
 static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none,
                                  N: <= N rows */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
@@ -291,6 +302,39 @@ static int row_box_rule(int kind) {
 extern "C" mokResult_t mok_gemm_debug_row_box128(int mode) {
   if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_row_box128: mode %d", mode);
   __atomic_store_n(&g_row_box128, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+/* The forward token tiles' maps of the weights (which = 0) and of the rows (1) promote L2
+ * fills to 256 bytes unless told otherwise. */
+static int l2_promo_rule(int which) {
+  const int knob = __atomic_load_n(&g_l2_promo[which], __ATOMIC_RELAXED);
+  return knob >= 0 ? knob : 256;
+}
+
+extern "C" mokResult_t mok_gemm_debug_l2_promotion(int weights, int rows) {
+  const int v[2] = {weights, rows};
+  for (int i = 0; i < 2; ++i)
+    if (v[i] != -1 && v[i] != 0 && v[i] != 64 && v[i] != 128 && v[i] != 256)
+      return mok_error(NULL, mokInvalidArgument,
+                       "mok_gemm_debug_l2_promotion: %s = %d, must be -1, 0, 64, 128 or 256", i ? "rows" : "weights",
+                       v[i]);
+  for (int i = 0; i < 2; ++i) __atomic_store_n(&g_l2_promo[i], v[i], __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+/* The split mix order's one-tile experts' weights loaded evict-first in L2, so their
+ * streams do not push out the weight blocks the other tiles reread: gate+up only. Measured
+ * (docs/PERF.md, session 11, 1x H200, Zipf 1.2, on vs off in one build): gate+up qwen3.5
+ * +1.6%, deepseek-v4-pro +2% (noisy), kimi and glm level; down deepseek-v4-pro -2.5%. */
+static int cold_evict_rule(bool gateup) {
+  const int knob = __atomic_load_n(&g_cold_evict, __ATOMIC_RELAXED);
+  return knob ? knob == 1 : gateup;
+}
+
+extern "C" mokResult_t mok_gemm_debug_cold_evict(int mode) {
+  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_cold_evict: mode %d", mode);
+  __atomic_store_n(&g_cold_evict, mode, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 
@@ -450,6 +494,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
   args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   args.eager_rows = eager_rule();
+  args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
@@ -520,15 +565,16 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   const uint32_t out_box = ts.token ? 32 : 64; /* token tiles: 32-row boxes (and 16 below) */
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
   MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
-  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, 32, "x"));
-  MOK_CHECK(make_map(&a.tm_tok16, x, hidden, rows->capacity, 16, "x"));
+  const int pw = ts.token ? l2_promo_rule(0) : 256, pr = ts.token ? l2_promo_rule(1) : 256;
+  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, 32, "x", pr));
+  MOK_CHECK(make_map(&a.tm_tok16, x, hidden, rows->capacity, 16, "x", pr));
   a.row_box128 = row_box_rule(mokGemmGateUpFwd);
-  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x"));
-  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate")); /* 64-row boxes, interleaved */
-  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up"));
+  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x", pr));
+  MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate", pw)); /* 64-row boxes, interleaved */
+  MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up", pw));
   const int gu_boxes = gu_boxes_rule();
   if (ts.token && gu_boxes < 4)
-    MOK_CHECK(make_map_gu(&a.tm_aux, w_gate, w_up, hidden, E * inter, gu_boxes, &a.gu_boxes));
+    MOK_CHECK(make_map_gu(&a.tm_aux, w_gate, w_up, hidden, E * inter, gu_boxes, pw, &a.gu_boxes));
   a.n_out = inter;
   a.k_len = hidden;
   a.b_rows = inter;
@@ -564,14 +610,15 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
   MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
-  MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, 32, "act"));
-  MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act"));
+  const int pw = ts.token ? l2_promo_rule(0) : 256, pr = ts.token ? l2_promo_rule(1) : 256;
+  MOK_CHECK(make_map(&a.tm_tok, act, inter, rows->capacity, 32, "act", pr));
+  MOK_CHECK(make_map(&a.tm_tok16, act, inter, rows->capacity, 16, "act", pr));
   a.row_box128 = row_box_rule(mokGemmDownFwd);
-  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, act, inter, rows->capacity, 128, "act"));
-  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down"));
+  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, act, inter, rows->capacity, 128, "act", pr));
+  MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down", pw));
   a.tm_b1 = a.tm_b0;
   const int pairs = ts.token && pair_rule(hidden / 256);
-  if (pairs) MOK_CHECK(make_map(&a.tm_b1, w_down, inter, E * hidden, 128, "w_down")); /* a CTA's half */
+  if (pairs) MOK_CHECK(make_map(&a.tm_b1, w_down, inter, E * hidden, 128, "w_down", pw)); /* a CTA's half */
   a.n_out = hidden;
   a.k_len = inter;
   a.b_rows = hidden;

@@ -158,6 +158,9 @@ mokResult_t mok_gemm_debug_stagger(int mode);
  * ones and a 16 (1), or in 32-row boxes (2); 0 = the library's rule (gate+up 128, down 32).
  * Process-wide. */
 mokResult_t mok_gemm_debug_row_box128(int mode);
+/* Benchmarks: L2 promotion of the forward token tiles' TMA loads, in bytes (0, 64, 128 or
+ * 256), of the weights and of the rows; -1 = the library's rule (256). Process-wide. */
+mokResult_t mok_gemm_debug_l2_promotion(int weights, int rows);
 /* Diagnostics: mix order of token tiles (not pairs) splits the CTAs: about `ctas` of them
  * run the tiles of experts of one tile per output block, the others the rest, each class
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
@@ -167,6 +170,10 @@ mokResult_t mok_gemm_debug_mix_ctas(int ctas);
  * stage back as soon as their own MMAs on it are done (one more stage of loads in flight);
  * 0 = never, -1 = the library's rule. Process-wide. */
 mokResult_t mok_gemm_debug_eager_rows(int rows);
+/* Benchmarks: the split mix order's tiles of experts with one token tile per output block
+ * load their weights with an L2 evict-first policy (1) or plainly (2); 0 = the library's
+ * rule. Process-wide. */
+mokResult_t mok_gemm_debug_cold_evict(int mode);
 /* Benchmarks: gate+up token tiles (CTAs alone) load a stage's weights as one 4-D TMA box
  * over W_gate and W_up (1; only where W_up lies after W_gate, else four boxes), four 64-row
  * boxes (2) or two 3-D boxes (3); 0 = the library's rule (1). Process-wide. */

@@ -76,6 +76,9 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_pairs(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_stagger(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_cold_evict(-1), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_l2_promotion(32, -1), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_l2_promotion(-1, 512), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_mix_ctas(-2), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
@@ -703,7 +706,8 @@ MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
 
 /* ---- GPU: the tile schedule changes no bit of any output --------------------------- */
 static const char *sched_outputs(int mode, int mix, int pairs, int mix_ctas, int E, int H, int I, int64_t cap, const int32_t *off,
-                                 const mokBf16 *x, const mokBf16 *w, const mokBf16 *dgu, uint16_t *h_act,
+                                 const mokBf16 *x, const mokBf16 *wg, const mokBf16 *wu, const mokBf16 *dgu,
+                                 uint16_t *h_act,
                                  uint16_t *h_y, uint16_t *h_dw) {
   mokBf16 *act = NULL, *gu = NULL, *y = NULL, *dwg = NULL, *dwu = NULL;
   const char *err = NULL;
@@ -715,8 +719,8 @@ static const char *sched_outputs(int mode, int mix, int pairs, int mix_ctas, int
     err = "cudaMalloc failed";
   } else if (mok_gemm_debug_sched(mode, 1) != mokSuccess || mok_gemm_debug_tiles(0, 0, mix ? 1 : 2) != mokSuccess ||
              mok_gemm_debug_pairs(pairs ? 1 : 2) != mokSuccess || mok_gemm_debug_mix_ctas(mix_ctas) != mokSuccess ||
-             mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, w, w + wsz, act, gu, 0) != mokSuccess ||
-             mok_gemm_down_fwd(&rows, H, I, act, w, y, 0) != mokSuccess ||
+             mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wu, act, gu, 0) != mokSuccess ||
+             mok_gemm_down_fwd(&rows, H, I, act, wg, y, 0) != mokSuccess ||
              mok_gemm_wgrad_gateup(&rows, H, I, dgu, x, mokDtypeBF16, dwg, dwu, 0) != mokSuccess) {
     err = FAIL("launch failed: %s", mokGetLastError());
   } else if (cudaMemcpy(h_act, act, (size_t)cap * I * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
@@ -744,19 +748,23 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
    * experts; the plain mix run does not split). Last, stages given back early or late
    * (mok_gemm_debug_eager_rows: no tile; tiles of <= 96 rows, as the rule, here the tiles of
    * experts 1, 3 and 5, under static order). Then gate+up's weights in two 3-D TMA boxes
-   * and in four 2-D ones instead of the rule's one 4-D box (mok_gemm_debug_gu_box). */
-  enum { E = 6, H = 512, I = 512, kRuns = 13 };
+   * and in four 2-D ones instead of the rule's one 4-D box (mok_gemm_debug_gu_box); W_up
+   * placed before W_gate (four boxes then), alone and in pairs; the rows in 32-row boxes only
+   * and in 128-row boxes first for both kinds (mok_gemm_debug_row_box128), with other L2
+   * promotions (mok_gemm_debug_l2_promotion). */
+  enum { E = 6, H = 512, I = 512, kRuns = 17 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
   const int64_t cap = off_h[E];
   const size_t wsz = (size_t)E * I * H;
   int32_t *off = NULL, *cnt = NULL;
-  mokBf16 *x = NULL, *w = NULL, *dgu = NULL;
+  mokBf16 *x = NULL, *w = NULL, *w2 = NULL, *dgu = NULL;
   CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
   CHECK(cudaMalloc(&cnt, sizeof counts) == cudaSuccess);
   CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
   CHECK(cudaMalloc(&w, 2 * wsz * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&w2, 2 * wsz * 2) == cudaSuccess); /* [W_up | W_gate], the same values */
   CHECK(cudaMalloc(&dgu, (size_t)cap * I * 4) == cudaSuccess);
   CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
   CHECK(cudaMemcpy(cnt, counts, sizeof counts, cudaMemcpyHostToDevice) == cudaSuccess);
@@ -764,6 +772,8 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   CHECK_OK(mok_gemm_fill_rows(x, cap, H, seed + 1, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(dgu, cap, 2 * I, seed + 2, 1.0f, E, off, cnt, 0));
   CHECK_OK(mok_gemm_fill_rows(w, 2 * (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  CHECK(cudaMemcpy(w2, w + wsz, wsz * 2, cudaMemcpyDeviceToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(w2 + wsz, w, wsz * 2, cudaMemcpyDeviceToDevice) == cudaSuccess);
   uint16_t *act[kRuns], *y[kRuns], *dw[kRuns];
   const char *err = NULL;
   for (int m = 0; m < kRuns; ++m) {
@@ -773,20 +783,31 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   }
   /* (static: stagger on by the rule, so expert 0's tiles are cut in other sizes there) */
   static const char *names[kRuns] = {"static",       "tickets",     "mix",          "static pairs",      "ticket pairs",
-                                     "mix pairs", "mix, 2 CTAs split", "mix, 100 CTAs split", "mix, split by the rule",
+                                     "mix pairs", "mix, 2 CTAs split", "mix, 100 CTAs split",
+                                     "mix, split by the rule, one-tile weights evict-first",
                                      "static, no early stage release", "static, <= 96 rows released early",
-                                     "static, gate+up weights in two 3-D boxes", "mix, gate+up weights in four boxes"};
+                                     "static, gate+up weights in two 3-D boxes", "mix, gate+up weights in four boxes",
+                                     "static, W_up before W_gate", "static pairs, W_up before W_gate",
+                                     "mix, 32-row boxes only, no L2 promotion",
+                                     "static, 128-row boxes for down too, 128-byte promotion"};
   for (int m = 0; m < kRuns && !err; ++m) {
-    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 ? 2 : m >= 9 ? 1 : 2;
-    const int mix = m < 6 ? m % 3 == 2 : m < 9 || m == 12;
+    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 || m == 15 ? 2 : m >= 9 ? 1 : 2;
+    const int mix = m < 6 ? m % 3 == 2 : m < 9 || m == 12 || m == 15;
+    const int swap = m == 13 || m == 14;
     const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 ? 0 : -1;
     CHECK_OK(mok_gemm_debug_eager_rows(m == 9 ? 0 : m == 10 ? 96 : -1));
     CHECK_OK(mok_gemm_debug_gu_box(m == 11 ? 3 : m == 12 ? 2 : 0));
-    err = sched_outputs(mode, mix, m >= 3 && m < 6, split, E, H, I, cap, off, x, w,
-                        dgu, act[m], y[m], dw[m]);
+    CHECK_OK(mok_gemm_debug_row_box128(m == 15 ? 2 : m == 16 ? 1 : 0));
+    CHECK_OK(mok_gemm_debug_cold_evict(m == 8 ? 1 : 2)); /* the split by the rule */
+    CHECK_OK(mok_gemm_debug_l2_promotion(m == 15 ? 0 : m == 16 ? 128 : -1, m == 15 ? 64 : m == 16 ? 128 : -1));
+    err = sched_outputs(mode, mix, (m >= 3 && m < 6) || m == 14, split, E, H, I, cap, off, x, swap ? w2 + wsz : w,
+                        swap ? w2 : w + wsz, dgu, act[m], y[m], dw[m]);
   }
   CHECK_OK(mok_gemm_debug_eager_rows(-1));
   CHECK_OK(mok_gemm_debug_gu_box(0));
+  CHECK_OK(mok_gemm_debug_row_box128(0));
+  CHECK_OK(mok_gemm_debug_l2_promotion(-1, -1));
+  CHECK_OK(mok_gemm_debug_cold_evict(0));
   int bad_act = 0, bad_y = 0, bad_dw = 0;
   for (int m = 1; m < kRuns && !err; ++m) {
     if (!bad_act && memcmp(act[0], act[m], (size_t)cap * I * 2)) bad_act = m;
@@ -794,7 +815,7 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
     if (!bad_dw && memcmp(dw[0], dw[m], wsz * 2)) bad_dw = m;
   }
   for (int m = 0; m < kRuns; ++m) { free(act[m]); free(y[m]); free(dw[m]); }
-  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(dgu);
+  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(w2); cudaFree(dgu);
   CHECK_MSG(err == NULL, "%s", err);
   CHECK_MSG(!bad_act, "act differs between the static and the %s schedule", names[bad_act]);
   CHECK_MSG(!bad_y, "y differs between the static and the %s schedule", names[bad_y]);

@@ -86,6 +86,7 @@ static void usage(void) {
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
+          "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
@@ -105,7 +106,10 @@ static void usage(void) {
           "  tiles spread evenly over the others' order); token tiles of <= N rows free each stage\n"
           "  once their MMAs on it are done (--eager-rows N, at most 96; default -1: the rule; 0: never);\n"
           "  gate+up token tiles load a stage's weights as one 4-D TMA box over W_gate and W_up, two\n"
-          "  3-D boxes or four 2-D ones (--gu-box one|two|four; default: the rule, one)\n"
+          "  3-D boxes or four 2-D ones (--gu-box one|two|four; default: the rule, one); W_up placed\n"
+          "  after W_gate (gate-first, default) or before it (up-first: four boxes then); L2 promotion of the forward\n"
+          "  token tiles' weight and row loads in bytes (--l2-promo W,R; default 256,256); the split\n"
+          "  mix order's one-tile experts' weights loaded L2 evict-first (--cold-evict)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
@@ -125,7 +129,8 @@ typedef struct bench {
   int64_t seg_bal;
   mokGemmRows_t rows;
   int32_t *off, *cnt;
-  mokBf16 *x, *wg, *wu, *wd, *act, *gu, *y, *dy, *dgu, *dx, *wgu_cub, *cub_out;
+  mokBf16 *x, *wblk, *wg, *wu, *wd, *act, *gu, *y, *dy, *dgu, *dx, *wgu_cub, *cub_out;
+  int up_first; /* --gu-order up-first: W_up, then W_gate in one block */
   void *dw0, *dw1, *dw2, *cub_dw;
   int *bad;
   cublasHandle_t cub;
@@ -514,7 +519,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
-  int row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0;
+  int row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -561,6 +566,17 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--row-box")) {
       row_box = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
       if (row_box < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
+    } else if (!strcmp(a, "--l2-promo")) {
+      if (sscanf(v, "%d,%d", &promo_w, &promo_r) != 2 || mok_gemm_debug_l2_promotion(promo_w, promo_r) != mokSuccess) {
+        fprintf(stderr, "bench gemm: --l2-promo W,R: bytes of weights and rows, each 0, 64, 128 or 256\n");
+        return 2;
+      }
+    } else if (!strcmp(a, "--cold-evict")) {
+      cold_evict = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
+      if (cold_evict < 0) { fprintf(stderr, "bench gemm: --cold-evict on|off\n"); return 2; }
+    } else if (!strcmp(a, "--gu-order")) {
+      b->up_first = !strcmp(v, "up-first") ? 1 : !strcmp(v, "gate-first") ? 0 : -1;
+      if (b->up_first < 0) { fprintf(stderr, "bench gemm: --gu-order gate-first|up-first\n"); return 2; }
     } else if (!strcmp(a, "--mix-ctas")) {
       mix_ctas = atoi(v);
       if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
@@ -603,6 +619,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_pairs(pairs);
   mok_gemm_debug_stagger(stagger);
   mok_gemm_debug_row_box128(row_box);
+  mok_gemm_debug_l2_promotion(promo_w, promo_r);
+  mok_gemm_debug_cold_evict(cold_evict);
   mok_gemm_debug_mix_ctas(mix_ctas);
   mok_gemm_debug_eager_rows(eager_rows);
   mok_gemm_debug_gu_box(gu_box);
@@ -652,8 +670,9 @@ static int bench_main(int argc, char **argv, bench *b) {
   BCUDA(cudaMalloc(&b->gu, cap * Is * 4));
   BCUDA(cudaMalloc(&b->dgu, cap * Is * 4));
   BCUDA(cudaMalloc(&b->cub_out, cap * (Hs > 2 * Is ? Hs : 2 * Is) * 2));
-  BCUDA(cudaMalloc(&b->wg, wsz * 4)); /* W_gate, then W_up (as a layer holds them: --gu-box one) */
-  b->wu = b->wg + wsz;
+  BCUDA(cudaMalloc(&b->wblk, wsz * 4)); /* W_gate, then W_up (as a layer holds them: --gu-box one) */
+  b->wg = b->up_first ? b->wblk + wsz : b->wblk;
+  b->wu = b->up_first ? b->wblk : b->wblk + wsz;
   BCUDA(cudaMalloc(&b->wd, wsz * 2));
   BCUDA(cudaMalloc(&b->wgu_cub, wsz * 4));
   BCUDA(cudaMalloc(&b->dw0, wsz * 4));
@@ -718,7 +737,7 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   const int rc = bench_main(argc, argv, &b);
-  void *bufs[] = {b.off, b.cnt, b.x, b.wg, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
+  void *bufs[] = {b.off, b.cnt, b.x, b.wblk, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
                   b.dw0, b.dw1, b.dw2, b.cub_dw, b.bad};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);

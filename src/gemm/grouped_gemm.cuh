@@ -172,8 +172,10 @@ struct GemmTileArgs {
                        1: a stage's 256 weight rows in one 4-D box [64-row groups][gate, up]
                        [64 rows][K]; 2: two 3-D boxes [gate, up][64 rows][K]; 0: four 64-row
                        boxes of tm_b0 / tm_b1 */
-  int row_box128;      /* token tiles: the rows in 128-row boxes first, then 32s and a 16
-                          (gemm.cu row_box_rule) */
+  int row_box128;   /* token tiles: the rows in 128-row boxes first, then 32s and a 16
+                       (gemm.cu row_box_rule) */
+  int cold_evict;   /* token tiles of the split mix order: the one-tile experts' weights
+                        loaded with an L2 evict-first policy (tok_tile_produce) */
   unsigned long long *sclk; /* token tiles, diagnostics (stage clock): kSclkWords counters of
                               how long each stage took from its loads' issue to the consumers'
                               use (tok_sclk_record); NULL = off */
@@ -962,8 +964,12 @@ __device__ __forceinline__ void tok_sclk_record(unsigned long long *o, uint32_t 
 }
 
 template <int KIND, bool PAIR>
-__device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w) {
+__device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
+                                 bool cold) {
   using TC = TokConfig<KIND>;
+  /* cold: a one-tile expert's tile of the split mix order, its weight block read once:
+   * loaded evict-first where a.cold_evict, so it does not push out blocks others reread */
+  const bool hint = KIND == kGateUpFwd && cold && a.cold_evict && !PAIR; /* (down: none compiled) */
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const uint32_t stage_tx = (uint32_t)(TC::kWBytes + c.nt * 128);
@@ -986,7 +992,9 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
         tma_load_2d_multicast(sw + rank * (TC::kWBytes / 2), &a.tm_b1, bar, kk, row + 128 * rank, 3);
       }
     } else if (KIND == kGateUpFwd && a.gu_boxes == 1) { /* [g 0-63 | u 0-63 | g 64-127 | u 64-127] */
-      tma_load_4d(sw, &a.tm_aux, bar, kk, 0, 0, row / 64);
+      if (hint) /* (the policy made per load: no 64-bit register held on the producer's 40) */
+        tma_load_4d_hint(sw, &a.tm_aux, bar, kk, 0, 0, row / 64, l2_policy_evict_first());
+      else tma_load_4d(sw, &a.tm_aux, bar, kk, 0, 0, row / 64);
     } else if (KIND == kGateUpFwd && a.gu_boxes == 2) { /* [g | u] of 64 rows, twice */
       tma_load_3d(sw, &a.tm_aux, bar, kk, row, 0);
       tma_load_3d(sw + 2 * kChunkBytes, &a.tm_aux, bar, kk, row + 64, 0);
@@ -1435,7 +1443,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         w.tile = (uint32_t)tnum;
         if (tnum == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
-        if constexpr (TOK != 0) ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w);
+        if constexpr (TOK != 0) ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w, KIND == kGateUpFwd && mix_tc[2] && (mix_tc[3] & 1));
         else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         if (!ok) break;
         t = next;
