@@ -325,8 +325,10 @@ extern "C" mokResult_t mok_gemm_debug_l2_promotion(int weights, int rows) {
 
 /* The split mix order's one-tile experts' weights loaded evict-first in L2, so their
  * streams do not push out the weight blocks the other tiles reread: gate+up only. Measured
- * (docs/PERF.md, session 11, 1x H200, Zipf 1.2, on vs off in one build): gate+up qwen3.5
- * +1.6%, deepseek-v4-pro +2% (noisy), kimi and glm level; down deepseek-v4-pro -2.5%. */
+ * (docs/PERF.md, session 11, 1x H200, Zipf 1.2): on vs off in one build, gate+up
+ * deepseek-v4-pro +3..+4% (three runs), kimi, qwen3.5 and glm within +-2%; trees with and
+ * without the code, deepseek-v4-pro +3.4%, balanced shapes level; down deepseek-v4-pro
+ * -2.5% with it, so the down kernels have none (the code is compiled out of them). */
 static int cold_evict_rule(bool gateup) {
   const int knob = __atomic_load_n(&g_cold_evict, __ATOMIC_RELAXED);
   return knob ? knob == 1 : gateup;
