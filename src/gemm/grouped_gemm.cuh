@@ -1443,8 +1443,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         w.tile = (uint32_t)tnum;
         if (tnum == a.stall_tile) break; /* tests: a load that never comes */
         bool ok;
-        if constexpr (TOK != 0) ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w, KIND == kGateUpFwd && mix_tc[2] && (mix_tc[3] & 1));
-        else ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
+        if constexpr (TOK != 0) { /* cold: a one-tile expert's tile (split mix order, gate+up alone) */
+          const bool cold = KIND == kGateUpFwd && TOK == 1 && mix_tc[2] && (mix_tc[3] & 1);
+          ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w, cold);
+        } else {
+          ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
+        }
         if (!ok) break;
         t = next;
       }
