@@ -191,7 +191,7 @@ static mokResult_t make_map(CUtensorMap *map, const void *ptr, uint64_t inner, u
 static mokResult_t make_map_gu(CUtensorMap *map, const mokBf16 *w_gate, const mokBf16 *w_up, uint64_t hidden,
                                uint64_t rows, int boxes, int promo, int *used) {
   *used = 0;
-  const uintptr_t g = (uintptr_t)w_gate, u = (uintptr_t)w_up, lo = g, d = u - g;
+  const uintptr_t g = (uintptr_t)w_gate, u = (uintptr_t)w_up, d = u - g;
   if (u <= g || d % 16 || rows % 64 || d >= (1ull << 40)) return mokSuccess;
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
   MOK_CHECK(get_encode(&encode));
@@ -200,8 +200,8 @@ static mokResult_t make_map_gu(CUtensorMap *map, const mokBf16 *w_gate, const mo
   cuuint64_t strides[3] = {hidden * 2, (cuuint64_t)d, 64 * hidden * 2};
   cuuint32_t box[4] = {64, 64, 2, 2};
   cuuint32_t estr[4] = {1, 1, 1, 1};
-  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, (void *)lo, dims, strides, box, estr,
-                      CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion(promo),
+  CUresult r = encode(map, CU_TENSOR_MAP_DATA_TYPE_BFLOAT16, rank, const_cast<mokBf16 *>(w_gate), dims, strides,
+                      box, estr, CU_TENSOR_MAP_INTERLEAVE_NONE, CU_TENSOR_MAP_SWIZZLE_128B, promotion(promo),
                       CU_TENSOR_MAP_FLOAT_OOB_FILL_NONE);
   if (r != CUDA_SUCCESS) return mokSuccess; /* (the four-box path then) */
   *used = boxes;

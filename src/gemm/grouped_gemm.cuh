@@ -174,8 +174,8 @@ struct GemmTileArgs {
                        boxes of tm_b0 / tm_b1 */
   int row_box128;   /* token tiles: the rows in 128-row boxes first, then 32s and a 16
                        (gemm.cu row_box_rule) */
-  int cold_evict;   /* token tiles of the split mix order: the one-tile experts' weights
-                        loaded with an L2 evict-first policy (tok_tile_produce) */
+  int cold_evict;   /* gate+up token tiles of the split mix order: the one-tile experts'
+                       weights loaded with an L2 evict-first policy (tok_tile_produce) */
   unsigned long long *sclk; /* token tiles, diagnostics (stage clock): kSclkWords counters of
                               how long each stage took from its loads' issue to the consumers'
                               use (tok_sclk_record); NULL = off */
