@@ -261,6 +261,13 @@ static int mix_rule(int kind) {
   return knob ? knob == 1 : kind == mokGemmDownFwd || kind == mokGemmGateUpFwd;
 }
 
+/* A process-wide debug knob of modes 0 (the default) .. hi: refuses others, else stores it. */
+static mokResult_t set_mode_knob(int *knob, int mode, int hi, const char *fn) {
+  if (mode < 0 || mode > hi) return mok_error(NULL, mokInvalidArgument, "%s: mode %d", fn, mode);
+  __atomic_store_n(knob, mode, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
 /* Token tiles in CTA pairs (grouped_gemm.cuh, TOK 2), where the output blocks come in
  * pairs (an even count): off unless asked for. Measured (docs/PERF.md, 1x H200, pairs vs
  * alone): down kimi R341 +3%, every other shape and kind -1..-6% (qwen3.5 R320 down -3%,
@@ -271,9 +278,7 @@ static int pair_rule(int n_tiles) {
 }
 
 extern "C" mokResult_t mok_gemm_debug_pairs(int mode) {
-  if (mode < 0 || mode > 3) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_pairs: mode %d", mode);
-  __atomic_store_n(&g_pairs, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_pairs, mode, 3, "mok_gemm_debug_pairs");
 }
 
 /* Stagger (grouped_gemm.cuh tok_units_of) for both forward kinds; the kernel drops it
@@ -286,9 +291,7 @@ static int stagger_rule(void) {
 }
 
 extern "C" mokResult_t mok_gemm_debug_stagger(int mode) {
-  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_stagger: mode %d", mode);
-  __atomic_store_n(&g_stagger, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_stagger, mode, 2, "mok_gemm_debug_stagger");
 }
 
 /* Token tiles load their rows in 128-row TMA boxes, then 32s and a 16, for gate+up (measured
@@ -300,9 +303,7 @@ static int row_box_rule(int kind) {
 }
 
 extern "C" mokResult_t mok_gemm_debug_row_box128(int mode) {
-  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_row_box128: mode %d", mode);
-  __atomic_store_n(&g_row_box128, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_row_box128, mode, 2, "mok_gemm_debug_row_box128");
 }
 
 /* The forward token tiles' maps of the weights (which = 0) and of the rows (1) promote L2
@@ -335,9 +336,7 @@ static int cold_evict_rule(bool gateup) {
 }
 
 extern "C" mokResult_t mok_gemm_debug_cold_evict(int mode) {
-  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_cold_evict: mode %d", mode);
-  __atomic_store_n(&g_cold_evict, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_cold_evict, mode, 2, "mok_gemm_debug_cold_evict");
 }
 
 /* Token tiles of at most this many rows give each stage back once its own MMAs are done
@@ -371,9 +370,7 @@ static int gu_boxes_rule(void) { /* boxes a stage */
 }
 
 extern "C" mokResult_t mok_gemm_debug_gu_box(int mode) {
-  if (mode < 0 || mode > 3) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_gu_box: mode %d", mode);
-  __atomic_store_n(&g_gu_box, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_gu_box, mode, 3, "mok_gemm_debug_gu_box");
 }
 
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
@@ -401,9 +398,7 @@ extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int sta
 }
 
 extern "C" mokResult_t mok_gemm_debug_epilogue(int mode) {
-  if (mode < 0 || mode > 2) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_epilogue: mode %d", mode);
-  __atomic_store_n(&g_epi_debug, mode, __ATOMIC_RELAXED);
-  return mokSuccess;
+  return set_mode_knob(&g_epi_debug, mode, 2, "mok_gemm_debug_epilogue");
 }
 
 extern "C" mokResult_t mok_gemm_debug_sched(int mode, int split_tail) {
