@@ -211,15 +211,20 @@ __device__ __forceinline__ WaitCtx wait_ctx(const GemmTileArgs &a) {
 
 /* The slow path touches neither the clock nor global memory for its first 2048 tests
  * (a normal wait ends there; a load of the error word in the loop would delay noticing
- * the phase by an L2 round trip), then checks both every 256 tests. */
+ * the phase by an L2 round trip), then checks both every 256 tests. Its loops stay loops
+ * (unroll 1): unrolled, every wait site took ~70 copies of the test (900 try-waits in the
+ * down kernel, cuBLAS's has 24), and the compact loops measured level to +10% (Zipf
+ * gate+up), docs/PERF.md session 12. */
 template <bool kCluster = false> /* acquire at cluster scope (mbarrier_try_wait_parity) */
 __device__ __forceinline__ bool bar_wait(uint64_t *bar, uint32_t parity, WaitCtx &w, uint32_t what) {
   if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
   if (w.dead) return false;
+#pragma unroll 1
   for (int spin = 0; spin < 2048; ++spin)
     if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
   const unsigned long long start = globaltimer_u64();
   for (;;) {
+#pragma unroll 1
     for (int spin = 0; spin < 256; ++spin)
       if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
     if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) {
