@@ -212,9 +212,9 @@ __device__ __forceinline__ WaitCtx wait_ctx(const GemmTileArgs &a) {
 /* The slow path touches neither the clock nor global memory for its first 2048 tests
  * (a normal wait ends there; a load of the error word in the loop would delay noticing
  * the phase by an L2 round trip), then checks both every 256 tests. Its loops stay loops
- * (unroll 1): unrolled, every wait site took ~70 copies of the test (900 try-waits in the
- * down kernel, cuBLAS's has 24), and the compact loops measured level to +10% (Zipf
- * gate+up), docs/PERF.md session 12. */
+ * (unroll 1): unrolled, every wait site took ~70 copies of the test (910 barrier tests in
+ * the down kernel, cuBLAS's has 24); the compact loops measured level to +3% (qwen3.5
+ * down), docs/PERF.md session 12. */
 template <bool kCluster = false> /* acquire at cluster scope (mbarrier_try_wait_parity) */
 __device__ __forceinline__ bool bar_wait(uint64_t *bar, uint32_t parity, WaitCtx &w, uint32_t what) {
   if (mbarrier_try_wait_parity<kCluster>(bar, parity)) return true;
