@@ -14,7 +14,7 @@ VARIANTS=${VARIANTS:-default=}
 export NCCL_NVLS_ENABLE=0
 date -u; nvidia-smi -L; git log --oneline -1
 make -j16 all build/mok_tests > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
-grep -iE "warning" "$OUT/build.log" | head -5
+grep -iE "warning[: ]|error[: ]" "$OUT/build.log" | grep -v "^\S*nvcc " | head -5
 if [ -n "$TESTS" ]; then timeout 200 build/mok_tests $TESTS 2>&1 | grep -v "^ok"; fi
 J=$OUT/json; mkdir -p $J
 IFS=';' read -ra VS <<< "$VARIANTS"

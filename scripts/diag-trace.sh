@@ -9,7 +9,7 @@ export NCCL_NVLS_ENABLE=0
 KINDS=${KINDS:-gateup,down}
 date -u; nvidia-smi -L; git log --oneline -1
 [ -n "$NOBUILD" ] || make -j16 all build/mok_tests > "$OUT/build.log" 2>&1 || { tail -20 "$OUT/build.log"; exit 1; }
-grep -iE "warning" "$OUT/build.log" | grep -v 128-D | head -5
+grep -iE "warning[: ]|error[: ]" "$OUT/build.log" | grep -v "^\S*nvcc " | grep -v 128-D | head -5
 if [ -n "$TESTS" ]; then timeout 200 build/mok_tests $TESTS 2>&1 | grep -v "^ok"; fi
 for cfg in "$@"; do
   tag=${cfg%%:*}; opts=${cfg#*:}

@@ -16,7 +16,7 @@ if [ -d "$BASE/src" ]; then
 fi
 {
   date -u; nvidia-smi -L; git log --oneline -1
-  make -j"$(nproc)" all build/mok_tests 2>&1 | grep -E " error|Error |warning" | head -20
+  make -j"$(nproc)" all build/mok_tests 2>&1 | grep -v "^\S*nvcc " | grep -E " error|Error |warning" | head -20
   echo "== full test suite"
   timeout 150 build/mok_tests 2>&1 | grep -vE "^ok " | tail -30
   echo "== layer bench"

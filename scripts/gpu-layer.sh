@@ -11,7 +11,7 @@ models=${1:-glm-5.2,kimi-k2.7-code,qwen3.5-397b-a17b,deepseek-v4-pro}
 tokens=${2:-2048,8192}
 {
   date -u; git rev-parse --short HEAD; nvidia-smi -L
-  make -j"$(nproc)" all build/mok_tests 2>&1 | grep -E "error|warning|Error" | head -20
+  make -j"$(nproc)" all build/mok_tests 2>&1 | grep -v "^\S*nvcc " | grep -E "error|warning|Error" | head -20
   timeout 300 build/mok_tests layer generate comm_ 2>&1 | tail -20
   timeout 420 build/mok bench layer --model "$models" --tokens "$tokens" --json "$OUT/layer-baseline.json"
 } 2>&1 | tee "$OUT/log"
