@@ -804,19 +804,19 @@ __device__ __forceinline__ void mma_loop(char *smem, PipeState &p, WaitCtx &w, i
   int prev = 0;
   for (int kb = 0; kb < k_blocks; ++kb) {
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
-    const uint32_t sa = smem_u32(smem + p.stage * TC::kStageBytes) + a_off;
-    const uint32_t sb = smem_u32(smem + p.stage * TC::kStageBytes + kABytes) + b_off;
+    /* The stage's two descriptors once, from an address redux.sync leaves in a uniform
+     * register: each wgmma's descriptor is then one uniform add (a k16 step moves 2048 bytes
+     * MN-major, 32 K-major; in 16-byte descriptor units 128 or 2), not a masked, shifted and
+     * moved value per wgmma (docs/PERF.md, session 13). */
+    const uint32_t s0 = __reduce_or_sync(0xffffffffu, smem_u32(smem + p.stage * TC::kStageBytes));
+    const uint64_t da = wgmma_desc_sw128(s0 + a_off, KT::kAMn ? kChunkBytes : 16, 1024);
+    const uint64_t db = wgmma_desc_sw128(s0 + kABytes + b_off, KT::kBMn ? kChunkBytes : 16, 1024);
 #pragma unroll
     for (int i = 0; i < NC / 2; ++i) reg_fence(acc[i]);
     wgmma_fence();
 #pragma unroll
-    for (int k16 = 0; k16 < kBK / 16; ++k16) {
-      const uint64_t da = KT::kAMn ? wgmma_desc_sw128(sa + k16 * 2048, kChunkBytes, 1024)
-                                   : wgmma_desc_sw128(sa + k16 * 32, 16, 1024);
-      const uint32_t kb_off = KT::kBMn ? k16 * 2048 : k16 * 32;
-      const uint32_t lbo = KT::kBMn ? kChunkBytes : 16;
-      wgmma_bf16<NC, KT::kAMn, KT::kBMn>(acc, da, wgmma_desc_sw128(sb + kb_off, lbo, 1024), 1);
-    }
+    for (int k16 = 0; k16 < kBK / 16; ++k16)
+      wgmma_bf16<NC, KT::kAMn, KT::kBMn>(acc, da + k16 * (KT::kAMn ? 128 : 2), db + k16 * (KT::kBMn ? 128 : 2), 1);
     wgmma_commit_group();
     wgmma_wait_group<1>(); /* the previous stage's MMAs are done: release its slot */
 #pragma unroll
