@@ -11,8 +11,12 @@
  * back (or, `hold`, once the next stage has landed, as the GEMMs' consumers do). `share`
  * CTAs read the same tiles in step (two token tiles on one weight block);
  * tiles come from `distinct` regions (DRAM: enough to pass L2; L2: a few).
+ * A stage may also carry t_rows rows of a second, small matrix (a forward token tile's
+ * rows: few distinct tiles, so they stay in L2), loaded after the streamed rows in boxes of
+ * t_box rows, as the GEMMs' token-tile stages [weights | rows].
  * Printed per configuration: GB/s per CTA (bytes it received / time), TB/s of the chip
- * (distinct bytes read / time), and the mean time from a stage's issue to its use.
+ * (distinct bytes of the streamed matrix / time), and the mean time from a stage's issue
+ * to its use.
  */
 #include "cli.h"
 #include "gemm.h"
@@ -37,6 +41,8 @@ using namespace mok_sm90;
 
 struct StreamArgs {
   CUtensorMap map;
+  CUtensorMap map_t;             /* the second matrix (t_rows > 0) */
+  int t_rows, t_box, t_distinct; /* its rows a stage, box rows, distinct tiles */
   int k_blocks, stage_rows, box_rows, stages, tiles, share, active, distinct;
   int hold;                      /* 1: a stage goes back only once the next has landed (the
                                     GEMMs' wgmma.wait_group 1); 0: after its work */
@@ -48,7 +54,7 @@ struct StreamArgs {
 __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
   extern __shared__ char raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const int stage_bytes = a.stage_rows * 128;
+  const int stage_bytes = (a.stage_rows + a.t_rows) * 128;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + a.stages * stage_bytes);
   uint64_t *empty = full + a.stages;
   volatile uint32_t *stamp = reinterpret_cast<volatile uint32_t *>(empty + a.stages);
@@ -68,6 +74,7 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
   if (threadIdx.x == 0) { /* producer */
     for (int j = 0; j < a.tiles; ++j) {
       const int row0 = ((grp + j * groups) % a.distinct) * a.stage_rows;
+      const int trow0 = a.t_rows ? ((grp + j * groups) % a.t_distinct) * a.t_rows : 0;
       for (int kb = 0; kb < a.k_blocks; ++kb) {
         while (!mbarrier_try_wait_parity(&empty[stage], phase ^ 1u)) {
         }
@@ -75,6 +82,9 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
         mbarrier_arrive_expect_tx(&full[stage], (uint32_t)stage_bytes);
         for (int b = 0; b < a.stage_rows; b += a.box_rows)
           tma_load_2d(smem + stage * stage_bytes + b * 128, &a.map, &full[stage], kb * 64, row0 + b);
+        for (int b = 0; b < a.t_rows; b += a.t_box)
+          tma_load_2d(smem + stage * stage_bytes + (a.stage_rows + b) * 128, &a.map_t, &full[stage], kb * 64,
+                      trow0 + b);
         if (++stage == a.stages) stage = 0, phase ^= 1u;
       }
     }
@@ -105,6 +115,7 @@ typedef struct cfg {
   int active, stages, stage_rows, box_rows, share, l2;
   unsigned work;
   int hold, stride;
+  int t_rows, t_box; /* rows of the second (L2-resident) matrix a stage; 0: none */
 } cfg;
 
 /* The sweep: load (CTAs streaming at once), ring shape (stages x stage bytes), box
@@ -135,6 +146,15 @@ static const cfg kSweep[] = {
     {"single", 33, 4, 320, 64, 1, 0, 500, 1}, {"single", 33, 4, 320, 64, 1, 0, 500, 0},
     {"single", 33, 5, 320, 64, 1, 0, 500, 0}, {"single", 33, 4, 320, 64, 1, 0, 500, 0, 4},
     {"single", 33, 5, 320, 64, 1, 0, 500, 0, 4}, {"single", 16, 4, 320, 64, 1, 0, 500, 0, 8},
+    /* token-tile stages as the GEMMs load them (run with --k 1024 for qwen3.5 down): weights
+     * from DRAM, two CTAs a weight block, + 160 L2-resident token rows; the GEMMs' hold;
+     * work = the MMA time of a stage at cuBLAS's speed (0.94 us for 256 x 160, 0.47 us for
+     * 128 x 160 at ~1.85 GHz). cooperative 256-row tiles: 4 x 52 KB, rows in 32-row boxes or
+     * one 160-row box; 128-row tiles: 5 x 36 KB; and each without work (the loads alone) */
+    {"tok256", 132, 4, 256, 256, 2, 0, 1740, 1, 1, 160, 32}, {"tok256", 132, 4, 256, 256, 2, 0, 1740, 1, 1, 160, 160},
+    {"tok256", 132, 4, 256, 256, 2, 0, 0, 0, 1, 160, 32},    {"tok128", 132, 5, 128, 128, 2, 0, 870, 1, 1, 160, 32},
+    {"tok128", 132, 5, 128, 128, 2, 0, 870, 1, 1, 160, 160}, {"tok128", 132, 5, 128, 128, 2, 0, 0, 0, 1, 160, 32},
+    {"tok128", 132, 5, 128, 128, 2, 0, 870, 0, 1, 160, 160}, {"tok256", 132, 4, 256, 256, 2, 0, 1740, 0, 1, 160, 160},
 };
 
 static void usage(void) {
@@ -168,8 +188,9 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
   BS_CHECK(cudaEventCreate(&e0));
   BS_CHECK(cudaEventCreate(&e1));
   printf("mok bench stream: K %d, %d SMs, clock %.0f MHz, %d reps (median)\n", K, sms, clock_khz / 1e3, reps);
-  printf("%-6s %6s %6s %6s %8s %5s %5s %4s %6s %4s %10s %9s %9s %12s\n", "what", "CTAs", "stride", "stages", "stage KB",
-         "box", "share", "src", "work", "hold", "time us", "GB/s/CTA", "TB/s", "issue->use us");
+  printf("%-6s %6s %6s %6s %8s %5s %5s %4s %6s %4s %10s %9s %9s %12s %9s %5s\n", "what", "CTAs", "stride", "stages",
+         "stage KB", "box", "share", "src", "work", "hold", "time us", "GB/s/CTA", "TB/s", "issue->use us", "us/stage",
+         "tbox");
   for (size_t c = 0; c < sizeof kSweep / sizeof kSweep[0]; ++c) {
     const cfg f = kSweep[c];
     const int stride = f.stride > 1 ? f.stride : 1;
@@ -189,7 +210,15 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
     a.k_blocks = K / 64, a.stage_rows = f.stage_rows, a.box_rows = f.box_rows, a.stages = f.stages;
     a.tiles = tiles, a.share = f.share, a.active = active, a.distinct = distinct, a.work = f.work, a.lat = lat;
     a.hold = f.hold, a.stride = stride;
-    const size_t smem = 1024 + (size_t)f.stages * f.stage_rows * 128 + (size_t)f.stages * (16 + 4) + 64;
+    if (f.t_rows) { /* a small second matrix: 8 tiles of t_rows rows (in L2 after first use) */
+      a.t_rows = f.t_rows, a.t_box = f.t_box, a.t_distinct = 8;
+      if (mok_gemm_tma_map(&a.map_t, (char *)buf + dram_bytes - (size_t)8 * f.t_rows * K * 2, (uint64_t)K,
+                           (uint64_t)8 * f.t_rows, (uint32_t)f.t_box) != mokSuccess) {
+        fprintf(stderr, "bench stream: %s\n", mokGetLastError());
+        return 1;
+      }
+    }
+    const size_t smem = 1024 + (size_t)f.stages * (f.stage_rows + f.t_rows) * 128 + (size_t)f.stages * (16 + 4) + 64;
     if (smem > 232448) {
       fprintf(stderr, "bench stream: config %zu needs %zu bytes of shared memory\n", c, smem);
       return 1;
@@ -210,10 +239,11 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
     const double t = ms[n / 2] * 1e-3;
     unsigned long long h[2];
     BS_CHECK(cudaMemcpy(h, lat, sizeof h, cudaMemcpyDeviceToHost));
-    const double per_cta = (double)tiles * tile_bytes;
-    printf("%-6s %6d %6d %6d %8.1f %5d %5d %4s %6u %4d %10.1f %9.1f %9.2f %12.2f\n", f.what, active, stride, f.stages,
-           f.stage_rows * 128 / 1024.0, f.box_rows, f.share, f.l2 ? "L2" : "DRAM", f.work, f.hold, t * 1e6,
-           per_cta / t / 1e9, per_cta * groups / t / 1e12, h[1] ? (double)h[0] / h[1] / (clock_khz * 1e-3) : 0.0);
+    const double per_cta = (double)tiles * (tile_bytes + (size_t)f.t_rows * K * 2);
+    printf("%-6s %6d %6d %6d %8.1f %5d %5d %4s %6u %4d %10.1f %9.1f %9.2f %12.2f %9.3f %5d\n", f.what, active, stride,
+           f.stages, (f.stage_rows + f.t_rows) * 128 / 1024.0, f.box_rows, f.share, f.l2 ? "L2" : "DRAM", f.work, f.hold,
+           t * 1e6, per_cta / t / 1e9, (double)tiles * tile_bytes * groups / t / 1e12,
+           h[1] ? (double)h[0] / h[1] / (clock_khz * 1e-3) : 0.0, t * 1e6 / ((double)tiles * (K / 64)), f.t_box);
   }
   cudaFree(buf);
   cudaFree(lat);
