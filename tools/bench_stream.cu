@@ -110,12 +110,85 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
   }
 }
 
+/* Token-tile stages as cuBLAS's 2-CTA clusters load them (`tokpair`): CTA rank r of cluster
+ * c streams 128-row weight tiles (the half r of a 256-row block that clusters c and c ^ 1
+ * both read: two CTAs a weight tile, as the GEMM's two token tiles) and loads half of its
+ * cluster's t_rows token rows into both CTAs (multicast, a_box = t_rows / 2 a box); a
+ * stage goes back to both producers (each multicasts into both CTAs' stage). */
+__global__ void __launch_bounds__(64, 1) stream_pair_kernel(const __grid_constant__ StreamArgs a) {
+  extern __shared__ char raw[];
+  char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  const int stage_bytes = (a.stage_rows + a.t_rows) * 128;
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + a.stages * stage_bytes);
+  uint64_t *empty = full + a.stages;
+  volatile uint32_t *stamp = reinterpret_cast<volatile uint32_t *>(empty + a.stages);
+  const int me = (int)blockIdx.x, c = me / 2, r = (int)cluster_ctarank();
+  if (threadIdx.x == 0) {
+    for (int s = 0; s < a.stages; ++s) {
+      mbarrier_init(&full[s], 1);
+      mbarrier_init(&empty[s], 2); /* this CTA's consumer and the other's */
+    }
+    fence_mbarrier_init();
+  }
+  __syncthreads();
+  cluster_sync();
+  const int pairs = (int)gridDim.x / 4; /* weight blocks read at once */
+  int stage = 0;
+  uint32_t phase = 0;
+  if (threadIdx.x == 0) { /* producer */
+    for (int j = 0; j < a.tiles; ++j) {
+      const int row0 = (((c / 2 + j * pairs) % (a.distinct / 2)) * 2 + r) * a.stage_rows;
+      const int trow0 = ((c + j) % a.t_distinct) * a.t_rows + r * (a.t_rows / 2);
+      for (int kb = 0; kb < a.k_blocks; ++kb) {
+        while (!mbarrier_try_wait_parity(&empty[stage], phase ^ 1u)) {
+        }
+        stamp[stage] = (uint32_t)clock64();
+        char *st = smem + stage * stage_bytes;
+        mbarrier_arrive_expect_tx(&full[stage], (uint32_t)stage_bytes);
+        tma_load_2d(st, &a.map, &full[stage], kb * 64, row0);
+        tma_load_2d_multicast(st + (a.stage_rows + r * (a.t_rows / 2)) * 128, &a.map_t, &full[stage], kb * 64, trow0,
+                              3);
+        if (++stage == a.stages) stage = 0, phase ^= 1u;
+      }
+    }
+  } else if (threadIdx.x == 32) { /* consumer */
+    unsigned long long sum = 0, n = 0;
+    int prev = -1;
+    for (int j = 0; j < a.tiles; ++j)
+      for (int kb = 0; kb < a.k_blocks; ++kb) {
+        while (!mbarrier_try_wait_parity(&full[stage], phase)) {
+        }
+        const uint32_t t = (uint32_t)clock64();
+        sum += t - stamp[stage];
+        ++n;
+        if (a.work)
+          while ((uint32_t)clock64() - t < a.work) {
+          }
+        const int rel = a.hold ? prev : stage;
+        if (rel >= 0) {
+          mbarrier_arrive(&empty[rel]);
+          mbarrier_arrive_remote_if(&empty[rel], (uint32_t)(r ^ 1), 1);
+        }
+        prev = stage;
+        if (++stage == a.stages) stage = 0, phase ^= 1u;
+      }
+    if (a.hold) {
+      mbarrier_arrive(&empty[prev]);
+      mbarrier_arrive_remote_if(&empty[prev], (uint32_t)(r ^ 1), 1);
+    }
+    atomicAdd(&a.lat[0], sum);
+    atomicAdd(&a.lat[1], n);
+  }
+  cluster_sync(); /* no CTA leaves while the other may still arrive on its barriers */
+}
+
 typedef struct cfg {
   const char *what;
   int active, stages, stage_rows, box_rows, share, l2;
   unsigned work;
   int hold, stride;
   int t_rows, t_box; /* rows of the second (L2-resident) matrix a stage; 0: none */
+  int pair;          /* 1: 2-CTA clusters multicasting the token rows (stream_pair_kernel) */
 } cfg;
 
 /* The sweep: load (CTAs streaming at once), ring shape (stages x stage bytes), box
@@ -155,6 +228,10 @@ static const cfg kSweep[] = {
     {"tok256", 132, 4, 256, 256, 2, 0, 0, 0, 1, 160, 32},    {"tok128", 132, 5, 128, 128, 2, 0, 870, 1, 1, 160, 32},
     {"tok128", 132, 5, 128, 128, 2, 0, 870, 1, 1, 160, 160}, {"tok128", 132, 5, 128, 128, 2, 0, 0, 0, 1, 160, 32},
     {"tok128", 132, 5, 128, 128, 2, 0, 870, 0, 1, 160, 160}, {"tok256", 132, 4, 256, 256, 2, 0, 1740, 0, 1, 160, 160},
+    /* cuBLAS's: 128-row weight tiles in 2-CTA clusters, each CTA multicasting 80 of the 160
+     * token rows into both (share: two clusters a weight block; the hold, or none; loads alone) */
+    {"tokpr", 132, 5, 128, 128, 2, 0, 870, 1, 1, 160, 80, 1}, {"tokpr", 132, 5, 128, 128, 2, 0, 870, 0, 1, 160, 80, 1},
+    {"tokpr", 132, 5, 128, 128, 2, 0, 0, 0, 1, 160, 80, 1},   {"tokpr", 132, 6, 128, 128, 2, 0, 870, 1, 1, 160, 80, 1},
 };
 
 static void usage(void) {
@@ -184,6 +261,7 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
   BS_CHECK(cudaMemset(buf, 0x3c, dram_bytes));
   BS_CHECK(cudaMalloc(&lat, 2 * sizeof *lat));
   BS_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+  BS_CHECK(cudaFuncSetAttribute(stream_pair_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
   cudaEvent_t e0, e1;
   BS_CHECK(cudaEventCreate(&e0));
   BS_CHECK(cudaEventCreate(&e1));
@@ -225,10 +303,26 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
     }
     float ms[16];
     const int n = reps < 16 ? reps : 16;
+    cudaLaunchAttribute attr[1];
+    attr[0].id = cudaLaunchAttributeClusterDimension;
+    attr[0].val.clusterDim.x = 2, attr[0].val.clusterDim.y = 1, attr[0].val.clusterDim.z = 1;
+    cudaLaunchConfig_t pc = {};
+    pc.gridDim = dim3((unsigned)(active & ~3)); /* whole pairs of clusters */
+    pc.blockDim = dim3(64);
+    pc.dynamicSmemBytes = smem;
+    pc.attrs = attr;
+    pc.numAttrs = 1;
+    if (f.pair) {
+      int clusters = 0;
+      BS_CHECK(cudaOccupancyMaxActiveClusters(&clusters, stream_pair_kernel, &pc));
+      if (clusters * 2 < (int)pc.gridDim.x)
+        printf("(only %d clusters of 2 fit at once: the next row runs in waves)\n", clusters);
+    }
     for (int r = -1; r < n; ++r) {
       BS_CHECK(cudaMemset(lat, 0, 2 * sizeof *lat));
       BS_CHECK(cudaEventRecord(e0));
-      stream_kernel<<<sms, 64, smem>>>(a);
+      if (f.pair) BS_CHECK(cudaLaunchKernelEx(&pc, stream_pair_kernel, a));
+      else stream_kernel<<<sms, 64, smem>>>(a);
       BS_CHECK(cudaEventRecord(e1));
       BS_CHECK(cudaEventSynchronize(e1));
       BS_CHECK(cudaGetLastError());
