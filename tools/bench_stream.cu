@@ -238,7 +238,9 @@ static void usage(void) {
   fprintf(stderr,
           "usage: mok bench stream [--k K] [--reps N]\n"
           "  TMA streams into shared memory, one SM each, over a sweep of loads, ring shapes,\n"
-          "  box shapes, reads in step and L2 vs DRAM (diagnostics; tools/bench_stream.cu).\n"
+          "  box shapes, reads in step, L2 vs DRAM and the GEMMs' token-tile stages (weights\n"
+          "  streamed + L2-resident rows, alone or in 2-CTA clusters multicasting the rows)\n"
+          "  (diagnostics; tools/bench_stream.cu).\n"
           "  --k: columns of the streamed matrix (a tile's k-blocks = K / 64; default 4096)\n");
 }
 
