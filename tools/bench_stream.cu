@@ -51,23 +51,55 @@ struct StreamArgs {
   unsigned long long *lat;       /* [2]: sum of issue -> use cycles, stages */
 };
 
-__global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
-  extern __shared__ char raw[];
-  char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const int stage_bytes = (a.stage_rows + a.t_rows) * 128;
-  uint64_t *full = reinterpret_cast<uint64_t *>(smem + a.stages * stage_bytes);
-  uint64_t *empty = full + a.stages;
-  volatile uint32_t *stamp = reinterpret_cast<volatile uint32_t *>(empty + a.stages);
-  if ((int)blockIdx.x % a.stride || (int)blockIdx.x / a.stride >= a.active) return;
-  const int me = (int)blockIdx.x / a.stride;
+/* The ring in shared memory: stages of (stage_rows + t_rows) x 128 bytes from a 1024-aligned
+ * base, then full[stages], empty[stages] and the issue stamps. */
+struct StreamRing {
+  char *smem;
+  uint64_t *full, *empty;
+  volatile uint32_t *stamp;
+  int stage_bytes;
+};
+__device__ __forceinline__ StreamRing stream_ring(const StreamArgs &a, char *raw) {
+  StreamRing q;
+  q.smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
+  q.stage_bytes = (a.stage_rows + a.t_rows) * 128;
+  q.full = reinterpret_cast<uint64_t *>(q.smem + a.stages * q.stage_bytes);
+  q.empty = q.full + a.stages;
+  q.stamp = reinterpret_cast<volatile uint32_t *>(q.empty + a.stages);
+  return q;
+}
+/* Thread 0 sets up the ring's barriers (empty: `releases` arrivals a phase); the CTA meets. */
+__device__ __forceinline__ void stream_init(const StreamArgs &a, uint64_t *full, uint64_t *empty, int releases) {
   if (threadIdx.x == 0) {
     for (int s = 0; s < a.stages; ++s) {
       mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 1);
+      mbarrier_init(&empty[s], (uint32_t)releases);
     }
     fence_mbarrier_init();
   }
   __syncthreads();
+}
+
+/* The consumer's part of a stage: waits for it to land, adds its issue -> use time (from
+ * the producer's stamp) to sum, holds it `work` SM cycles. */
+__device__ __forceinline__ void stream_use(const StreamArgs &a, uint64_t *full, volatile uint32_t &stamp,
+                                           uint32_t phase, unsigned long long &sum, unsigned long long &n) {
+  while (!mbarrier_try_wait_parity(full, phase)) {
+  }
+  const uint32_t t = (uint32_t)clock64();
+  sum += t - stamp;
+  ++n;
+  if (a.work)
+    while ((uint32_t)clock64() - t < a.work) {
+    }
+}
+
+__global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
+  extern __shared__ char raw[];
+  const StreamRing q = stream_ring(a, raw);
+  if ((int)blockIdx.x % a.stride || (int)blockIdx.x / a.stride >= a.active) return;
+  const int me = (int)blockIdx.x / a.stride;
+  stream_init(a, q.full, q.empty, 1);
   const int groups = a.active / a.share, grp = me / a.share;
   int stage = 0;
   uint32_t phase = 0;
@@ -76,14 +108,14 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
       const int row0 = ((grp + j * groups) % a.distinct) * a.stage_rows;
       const int trow0 = a.t_rows ? ((grp + j * groups) % a.t_distinct) * a.t_rows : 0;
       for (int kb = 0; kb < a.k_blocks; ++kb) {
-        while (!mbarrier_try_wait_parity(&empty[stage], phase ^ 1u)) {
+        while (!mbarrier_try_wait_parity(&q.empty[stage], phase ^ 1u)) {
         }
-        stamp[stage] = (uint32_t)clock64();
-        mbarrier_arrive_expect_tx(&full[stage], (uint32_t)stage_bytes);
+        q.stamp[stage] = (uint32_t)clock64();
+        mbarrier_arrive_expect_tx(&q.full[stage], (uint32_t)q.stage_bytes);
         for (int b = 0; b < a.stage_rows; b += a.box_rows)
-          tma_load_2d(smem + stage * stage_bytes + b * 128, &a.map, &full[stage], kb * 64, row0 + b);
+          tma_load_2d(q.smem + stage * q.stage_bytes + b * 128, &a.map, &q.full[stage], kb * 64, row0 + b);
         for (int b = 0; b < a.t_rows; b += a.t_box)
-          tma_load_2d(smem + stage * stage_bytes + (a.stage_rows + b) * 128, &a.map_t, &full[stage], kb * 64,
+          tma_load_2d(q.smem + stage * q.stage_bytes + (a.stage_rows + b) * 128, &a.map_t, &q.full[stage], kb * 64,
                       trow0 + b);
         if (++stage == a.stages) stage = 0, phase ^= 1u;
       }
@@ -92,45 +124,27 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
     unsigned long long sum = 0, n = 0;
     for (int j = 0; j < a.tiles; ++j)
       for (int kb = 0; kb < a.k_blocks; ++kb) {
-        while (!mbarrier_try_wait_parity(&full[stage], phase)) {
-        }
-        const uint32_t t = (uint32_t)clock64();
-        sum += t - stamp[stage];
-        ++n;
-        if (a.work)
-          while ((uint32_t)clock64() - t < a.work) {
-          }
-        if (!a.hold) mbarrier_arrive(&empty[stage]);
-        else if (j || kb) mbarrier_arrive(&empty[stage ? stage - 1 : a.stages - 1]);
+        stream_use(a, &q.full[stage], q.stamp[stage], phase, sum, n);
+        if (!a.hold) mbarrier_arrive(&q.empty[stage]);
+        else if (j || kb) mbarrier_arrive(&q.empty[stage ? stage - 1 : a.stages - 1]);
         if (++stage == a.stages) stage = 0, phase ^= 1u;
       }
-    if (a.hold) mbarrier_arrive(&empty[stage ? stage - 1 : a.stages - 1]);
+    if (a.hold) mbarrier_arrive(&q.empty[stage ? stage - 1 : a.stages - 1]);
     atomicAdd(&a.lat[0], sum);
     atomicAdd(&a.lat[1], n);
   }
 }
 
-/* Token-tile stages as cuBLAS's 2-CTA clusters load them (`tokpair`): CTA rank r of cluster
+/* Token-tile stages as cuBLAS's 2-CTA clusters load them (`tokpr`): CTA rank r of cluster
  * c streams 128-row weight tiles (the half r of a 256-row block that clusters c and c ^ 1
  * both read: two CTAs a weight tile, as the GEMM's two token tiles) and loads half of its
- * cluster's t_rows token rows into both CTAs (multicast, a_box = t_rows / 2 a box); a
+ * cluster's t_rows token rows into both CTAs (multicast, t_box = t_rows / 2 a box); a
  * stage goes back to both producers (each multicasts into both CTAs' stage). */
 __global__ void __launch_bounds__(64, 1) stream_pair_kernel(const __grid_constant__ StreamArgs a) {
   extern __shared__ char raw[];
-  char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(raw) + 1023) & ~uintptr_t(1023));
-  const int stage_bytes = (a.stage_rows + a.t_rows) * 128;
-  uint64_t *full = reinterpret_cast<uint64_t *>(smem + a.stages * stage_bytes);
-  uint64_t *empty = full + a.stages;
-  volatile uint32_t *stamp = reinterpret_cast<volatile uint32_t *>(empty + a.stages);
+  const StreamRing q = stream_ring(a, raw);
   const int me = (int)blockIdx.x, c = me / 2, r = (int)cluster_ctarank();
-  if (threadIdx.x == 0) {
-    for (int s = 0; s < a.stages; ++s) {
-      mbarrier_init(&full[s], 1);
-      mbarrier_init(&empty[s], 2); /* this CTA's consumer and the other's */
-    }
-    fence_mbarrier_init();
-  }
-  __syncthreads();
+  stream_init(a, q.full, q.empty, 2); /* q.empty: this CTA's consumer and the other's */
   cluster_sync();
   const int pairs = (int)gridDim.x / 4; /* weight blocks read at once */
   int stage = 0;
@@ -140,13 +154,13 @@ __global__ void __launch_bounds__(64, 1) stream_pair_kernel(const __grid_constan
       const int row0 = (((c / 2 + j * pairs) % (a.distinct / 2)) * 2 + r) * a.stage_rows;
       const int trow0 = ((c + j) % a.t_distinct) * a.t_rows + r * (a.t_rows / 2);
       for (int kb = 0; kb < a.k_blocks; ++kb) {
-        while (!mbarrier_try_wait_parity(&empty[stage], phase ^ 1u)) {
+        while (!mbarrier_try_wait_parity(&q.empty[stage], phase ^ 1u)) {
         }
-        stamp[stage] = (uint32_t)clock64();
-        char *st = smem + stage * stage_bytes;
-        mbarrier_arrive_expect_tx(&full[stage], (uint32_t)stage_bytes);
-        tma_load_2d(st, &a.map, &full[stage], kb * 64, row0);
-        tma_load_2d_multicast(st + (a.stage_rows + r * (a.t_rows / 2)) * 128, &a.map_t, &full[stage], kb * 64, trow0,
+        q.stamp[stage] = (uint32_t)clock64();
+        char *st = q.smem + stage * q.stage_bytes;
+        mbarrier_arrive_expect_tx(&q.full[stage], (uint32_t)q.stage_bytes);
+        tma_load_2d(st, &a.map, &q.full[stage], kb * 64, row0);
+        tma_load_2d_multicast(st + (a.stage_rows + r * (a.t_rows / 2)) * 128, &a.map_t, &q.full[stage], kb * 64, trow0,
                               3);
         if (++stage == a.stages) stage = 0, phase ^= 1u;
       }
@@ -156,25 +170,18 @@ __global__ void __launch_bounds__(64, 1) stream_pair_kernel(const __grid_constan
     int prev = -1;
     for (int j = 0; j < a.tiles; ++j)
       for (int kb = 0; kb < a.k_blocks; ++kb) {
-        while (!mbarrier_try_wait_parity(&full[stage], phase)) {
-        }
-        const uint32_t t = (uint32_t)clock64();
-        sum += t - stamp[stage];
-        ++n;
-        if (a.work)
-          while ((uint32_t)clock64() - t < a.work) {
-          }
+        stream_use(a, &q.full[stage], q.stamp[stage], phase, sum, n);
         const int rel = a.hold ? prev : stage;
         if (rel >= 0) {
-          mbarrier_arrive(&empty[rel]);
-          mbarrier_arrive_remote_if(&empty[rel], (uint32_t)(r ^ 1), 1);
+          mbarrier_arrive(&q.empty[rel]);
+          mbarrier_arrive_remote_if(&q.empty[rel], (uint32_t)(r ^ 1), 1);
         }
         prev = stage;
         if (++stage == a.stages) stage = 0, phase ^= 1u;
       }
     if (a.hold) {
-      mbarrier_arrive(&empty[prev]);
-      mbarrier_arrive_remote_if(&empty[prev], (uint32_t)(r ^ 1), 1);
+      mbarrier_arrive(&q.empty[prev]);
+      mbarrier_arrive_remote_if(&q.empty[prev], (uint32_t)(r ^ 1), 1);
     }
     atomicAdd(&a.lat[0], sum);
     atomicAdd(&a.lat[1], n);
