@@ -149,8 +149,7 @@ static mokResult_t get_encode(PFN_cuTensorMapEncodeTiled_v12000 *out) {
   return mokSuccess;
 }
 
-/* 2-D tensor [outer, inner] row-major, bf16 or fp32; box = 128 bytes of inner x box_outer,
- * 128-byte swizzle; loads read out-of-bounds elements as zero, stores skip them. */
+/* The L2 promotion of a map's loads, in bytes (0, 64, 128, else 256). */
 static CUtensorMapL2promotion promotion(int bytes) {
   return bytes == 0     ? CU_TENSOR_MAP_L2_PROMOTION_NONE
          : bytes == 64  ? CU_TENSOR_MAP_L2_PROMOTION_L2_64B
@@ -158,6 +157,9 @@ static CUtensorMapL2promotion promotion(int bytes) {
                         : CU_TENSOR_MAP_L2_PROMOTION_L2_256B;
 }
 
+/* 2-D tensor [outer, inner] row-major, bf16 or fp32; box = 128 bytes of inner x box_outer,
+ * 128-byte swizzle, L2 promotion `promo` bytes; loads read out-of-bounds elements as zero,
+ * stores skip them. */
 static mokResult_t make_map_t(CUtensorMap *map, const void *ptr, int fp32, uint64_t inner, uint64_t outer,
                               uint32_t box_outer, const char *what, int promo = 256) {
   PFN_cuTensorMapEncodeTiled_v12000 encode = nullptr;
