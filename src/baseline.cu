@@ -750,6 +750,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
   mokGemmRows_t grows;
   MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
+  grows.expert_count_host = g->seg_cnt; /* the counts, on the host since the routing wait */
   if (g->fwd_impl == mokImplNccl) {
     CUDA_CHECK(l, cudaMemcpyAsync(g->d_seg, g->seg_cnt, sizeof(int32_t) * (size_t)(2 * El + 1), cudaMemcpyHostToDevice, st));
     MOK_CHECK(mok_gemm_gateup_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, g->act, g->gu, st));

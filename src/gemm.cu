@@ -246,6 +246,8 @@ static int g_l2_promo[2] = {-1, -1}; /* forward token tiles' L2 promotion, bytes
 static int g_cold_evict = 0;   /* one-tile experts' weights evict-first (split mix order): 0 = rule, 1 on, 2 off */
 static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none,
                                  N: <= N rows */
+static int g_tok_ring = 0; /* forward down token tiles alone: 0 = tok_ring_rule, 1 = 128-row stages with an
+                             epilogue area (tiles of <= 128 rows), 2 = 176-row stages (mok_gemm_debug_tok_ring) */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
@@ -375,6 +377,29 @@ extern "C" mokResult_t mok_gemm_debug_gu_box(int mode) {
   return set_mode_knob(&g_gu_box, mode, 3, "mok_gemm_debug_gu_box");
 }
 
+/* The down GEMM's stage ring (TokConfig): 128-row stages with an epilogue area of their
+ * own where the host knows the counts and every expert's token tiles are at most 128 rows
+ * anyway (so no tile is cut smaller), else the 176-row stages. Measured (docs/PERF.md,
+ * session 14, 1x H200, two runs, 176 -> 128): qwen3.5 R512 down 644 / 643 -> 657 / 657
+ * TFLOP/s (0.893 -> 0.913 of cuBLAS), glm-5.2 R512 727 -> 738, deepseek-v4-pro R256 level;
+ * where it would cut tiles smaller it loses (kimi R341 -6%, qwen3.5 R320 -22%). */
+static int tok_ring_rule(const mokGemmRows_t *rows) {
+  const int knob = __atomic_load_n(&g_tok_ring, __ATOMIC_RELAXED);
+  if (knob) return knob == 1;
+  if (!rows->expert_count_host) return 0;
+  for (int e = 0; e < rows->num_experts; ++e) {
+    const int n = rows->expert_count_host[e];
+    if (n <= 0) continue;
+    const int u = (n + kTokUnit - 1) / kTokUnit, t = tok_split(u, kTokMaxUnits);
+    if (t > 0 && (u + t - 1) / t > kTokRing128) return 0; /* a tile of more than 128 rows */
+  }
+  return 1;
+}
+
+extern "C" mokResult_t mok_gemm_debug_tok_ring(int mode) {
+  return set_mode_knob(&g_tok_ring, mode, 2, "mok_gemm_debug_tok_ring");
+}
+
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
   if (ctas < -1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_mix_ctas: ctas = %d, must be >= -1", ctas);
   __atomic_store_n(&g_mix_ctas, ctas, __ATOMIC_RELAXED);
@@ -436,7 +461,7 @@ extern "C" mokResult_t mok_gemm_error_word(unsigned long long *word, int clear) 
 /* ---- launch -------------------------------------------------------------------------- */
 template <int KIND, int BN, int TOK>
 static int smem_plan() {
-  if constexpr (TOK != 0) return TokConfig<KIND>::kSmemBytes;
+  if constexpr (TOK != 0) return TokConfig<KIND, BN == 128 ? kTokRing128 : kTokMaxUnits>::kSmemBytes;
   else return TileConfig<KIND, BN>::kSmemBytes;
 }
 
@@ -628,6 +653,10 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.mix = mix_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  if (ts.token && !pairs && tok_ring_rule(rows)) { /* 128-row stages, an epilogue area of their own */
+    a.tok_units = a.tok_units < kTokRing128 ? a.tok_units : kTokRing128;
+    return launch<kDownFwd, 128, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  }
   if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }

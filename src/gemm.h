@@ -57,6 +57,9 @@ typedef struct mokGemmRows {
   unsigned long long *error_word; /* device error word for timeouts (the communicator's, so
                                      mokCommGetAsyncError reports them); NULL: the module's */
   int rank;                       /* written into an error word */
+  const int32_t *expert_count_host; /* optional: expert_count's values in host memory, read during
+                                       the call (the forward down GEMM picks its stage ring from them:
+                                       mok_gemm_debug_tok_ring); NULL: unknown */
 } mokGemmRows_t;
 
 #define MOK_GEMM_MAX_EXPERTS 1024
@@ -178,6 +181,13 @@ mokResult_t mok_gemm_debug_cold_evict(int mode);
  * over W_gate and W_up (1; only where W_up lies after W_gate, else four boxes), four 64-row
  * boxes (2) or two 3-D boxes (3); 0 = the library's rule (1). Process-wide. */
 mokResult_t mok_gemm_debug_gu_box(int mode);
+/* Benchmarks: the forward down GEMM's token tiles in a ring of 128-row stages with an
+ * epilogue area of their own (1; tiles cut at <= 128 rows, the last stage given back
+ * before the epilogue), in the 176-row stages whose epilogue holds the tile's last stage
+ * (2), or by the library's rule (0): 128-row stages where expert_count_host is given and
+ * every expert's tiles are <= 128 rows anyway (e.g. 512 or 256 rows an expert), else 176.
+ * Process-wide. */
+mokResult_t mok_gemm_debug_tok_ring(int mode);
 /* Diagnostics (mok bench stream): encodes into `map` (a CUtensorMap: 128 bytes, 64-byte
  * aligned) the TMA map the GEMM tiles use for a row-major bf16 [outer, inner] tensor at
  * ptr: boxes of 64 elements (128 bytes) x box_outer rows, 128-byte swizzle, 256-byte L2

@@ -751,8 +751,10 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
    * and in four 2-D ones instead of the rule's one 4-D box (mok_gemm_debug_gu_box); W_up
    * placed before W_gate (four boxes then), alone and in pairs; the rows in 32-row boxes only
    * and in 128-row boxes first for both kinds (mok_gemm_debug_row_box128), with other L2
-   * promotions (mok_gemm_debug_l2_promotion). */
-  enum { E = 6, H = 512, I = 512, kRuns = 17 };
+   * promotions (mok_gemm_debug_l2_promotion). Last, down in the ring of 128-row stages with
+   * an epilogue area of its own (mok_gemm_debug_tok_ring: tiles cut at <= 128 rows, under
+   * run-time tickets). */
+  enum { E = 6, H = 512, I = 512, kRuns = 18 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
@@ -789,9 +791,11 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
                                      "static, gate+up weights in two 3-D boxes", "mix, gate+up weights in four boxes",
                                      "static, W_up before W_gate", "static pairs, W_up before W_gate",
                                      "mix, 32-row boxes only, no L2 promotion",
-                                     "static, 128-row boxes for down too, 128-byte promotion"};
+                                     "static, 128-row boxes for down too, 128-byte promotion",
+                                     "tickets, down in 128-row stages with an epilogue area"};
   for (int m = 0; m < kRuns && !err; ++m) {
-    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 || m == 15 ? 2 : m >= 9 ? 1 : 2;
+    const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 || m == 15 || m == 17 ? 2 : m >= 9 ? 1 : 2;
+    CHECK_OK(mok_gemm_debug_tok_ring(m == 17));
     const int mix = m < 6 ? m % 3 == 2 : m < 9 || m == 12 || m == 15;
     const int swap = m == 13 || m == 14;
     const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 ? 0 : -1;
@@ -804,6 +808,7 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
                         swap ? w2 : w + wsz, dgu, act[m], y[m], dw[m]);
   }
   CHECK_OK(mok_gemm_debug_eager_rows(-1));
+  CHECK_OK(mok_gemm_debug_tok_ring(0));
   CHECK_OK(mok_gemm_debug_gu_box(0));
   CHECK_OK(mok_gemm_debug_row_box128(0));
   CHECK_OK(mok_gemm_debug_l2_promotion(-1, -1));

@@ -87,7 +87,7 @@ static void usage(void) {
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
-          "                      [--epi-debug 0|1|2]\n"
+          "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -109,7 +109,9 @@ static void usage(void) {
           "  3-D boxes or four 2-D ones (--gu-box one|two|four; default: the rule, one); W_up placed\n"
           "  after W_gate (gate-first, default) or before it (up-first: four boxes then); L2 promotion of the forward\n"
           "  token tiles' weight and row loads in bytes (--l2-promo W,R; default 256,256); the split\n"
-          "  mix order's one-tile experts' weights loaded L2 evict-first (--cold-evict)\n"
+          "  mix order's one-tile experts' weights loaded L2 evict-first (--cold-evict); forward token\n"
+          "  down tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring; default auto:\n"
+          "  the rule, 128 where every expert's tiles are <= 128 rows)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
@@ -519,7 +521,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
-  int row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
+  int tok_ring = 0, row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
     const char *a = argv[i];
@@ -563,6 +565,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--stagger")) {
       stagger = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (stagger < 0) { fprintf(stderr, "bench gemm: --stagger on|off\n"); return 2; }
+    } else if (!strcmp(a, "--tok-ring")) {
+      tok_ring = !strcmp(v, "128") ? 1 : !strcmp(v, "176") ? 2 : !strcmp(v, "auto") ? 0 : -1;
+      if (tok_ring < 0) { fprintf(stderr, "bench gemm: --tok-ring auto|176|128\n"); return 2; }
     } else if (!strcmp(a, "--row-box")) {
       row_box = atoi(v) == 128 ? 1 : atoi(v) == 32 ? 2 : -1;
       if (row_box < 0) { fprintf(stderr, "bench gemm: --row-box 32|128\n"); return 2; }
@@ -618,6 +623,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_epilogue(epi_debug);
   mok_gemm_debug_pairs(pairs);
   mok_gemm_debug_stagger(stagger);
+  mok_gemm_debug_tok_ring(tok_ring);
   mok_gemm_debug_row_box128(row_box);
   mok_gemm_debug_l2_promotion(promo_w, promo_r);
   mok_gemm_debug_cold_evict(cold_evict);
@@ -684,6 +690,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows.capacity = b->cap;
   b->rows.expert_offset = b->off;
   b->rows.expert_count = counts ? b->cnt : NULL;
+  b->rows.expert_count_host = counts ? b->cnt_h : NULL;
   const uint64_t seed = 0x5eed0000ull ^ (uint64_t)time(NULL);
   BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));

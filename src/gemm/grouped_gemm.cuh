@@ -904,10 +904,12 @@ __device__ __forceinline__ void gemm_consumer_finish() {
 }
 
 /* ---- token tiles: produce, consume ----------------------------------------------------
- * Shared memory: a ring of stages [256 weight rows x 64 (32 KB, K-major) | up to 160 rows
- * x 64 (20 KB, K-major; TMA boxes of 32 rows and one of 16 for an odd unit, or with
- * row_box128 boxes of 128 rows first: gate+up's rule)], then one 8 KB staging chunk per consumer
- * warpgroup, then the barriers (same layout as TileConfig). Consumer warpgroup wg owns
+ * Shared memory: a ring of stages [256 weight rows x 64 (32 KB, K-major) | up to 176 rows
+ * x 64 (22 KB, K-major; TMA boxes of 32 rows and one of 16 for an odd unit, or with
+ * row_box128 boxes of 128 rows first: gate+up's rule)], then the barriers (same layout as
+ * TileConfig); the epilogue stages in the tile's last stage. Or (TokConfig kTokRing128,
+ * down where every tile is <= 128 rows) stages of 256 + 128 rows and an epilogue area of
+ * two 8 KB buffers per consumer warpgroup. Consumer warpgroup wg owns
  * weight rows 128wg .. +128 as two m64 blocks (gate+up: 64 gate rows then the same
  * outputs' 64 up rows), so it runs two wgmma m64nNTk16 per k16 step (NT accumulators a
  * thread). Its epilogue writes [32 rows x 64 outputs] pieces through stmatrix.trans and
@@ -923,11 +925,17 @@ struct PairMail {
 constexpr int kMailOffset = 448;
 static_assert(kMailOffset + (int)sizeof(PairMail) <= 488, "ticket mailbox past the barrier area (trace at 488)");
 
-template <int KIND>
+/* RING: the most 16-row units a stage holds. kTokMaxUnits (176 rows): 4 stages of 54 KB,
+ * the epilogue stages in the tile's last stage (held until its stores have read it);
+ * kTokRing128 (128 rows, tiles cut at <= 8 units): 4 stages of 48 KB and an epilogue area
+ * of its own (two 8 KB buffers a consumer warpgroup), so the last stage goes back before
+ * the epilogue (cuBLAS's 256 x 128 kernel keeps one too; docs/PERF.md session 14). */
+constexpr int kTokRing128 = 8;
+template <int KIND, int RING = kTokMaxUnits>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
-  static constexpr int kStageBytes = kWBytes + kTokMax * 128;
-  static constexpr int kEpiBytes = 0; /* the epilogue stages in the tile's last stage */
+  static constexpr int kStageBytes = kWBytes + RING * kTokUnit * 128;
+  static constexpr int kEpiBytes = RING == kTokMaxUnits ? 0 : 2 * 2 * kTokBufBytes;
   static constexpr int kBarBytes = 512;
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
@@ -968,10 +976,10 @@ __device__ __forceinline__ void tok_sclk_record(unsigned long long *o, uint32_t 
   atomicAdd(o + 66, (unsigned long long)wait);
 }
 
-template <int KIND, bool PAIR>
+template <int KIND, bool PAIR, int RING = kTokMaxUnits>
 __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  bool cold) {
-  using TC = TokConfig<KIND>;
+  using TC = TokConfig<KIND, RING>;
   /* cold: a one-tile expert's tile of the split mix order, its weight block read once:
    * loaded evict-first where a.cold_evict, so it does not push out blocks others reread */
   const bool hint = KIND == kGateUpFwd && cold && a.cold_evict && !PAIR; /* (down: none compiled) */
@@ -1046,15 +1054,19 @@ __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t 
   stmatrix_x4_trans(stg_addr(buf, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
 }
 
-template <int KIND, int NT>
+/* OWN_AREA: region is the warpgroup's own epilogue area (TokConfig kTokRing128), which
+ * outlives the tile: its buffers alternate across tiles (buf), and the stores of a tile
+ * are left to drain during the next tile's main loop (a buffer is rewritten once the store
+ * that last read it is done; the consumers' exit drains the rest). */
+template <int KIND, int NT, bool OWN_AREA = false>
 __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
-                                             const float (&acc0)[NT / 2], const float (&acc1)[NT / 2]) {
+                                             const float (&acc0)[NT / 2], const float (&acc1)[NT / 2], int &ebuf) {
   /* 16-row units of the tile and of its pieces (4: only the last piece may end in a
    * 16-row box) */
   constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
-  int buf = 0;
+  int buf = OWN_AREA ? ebuf : 0;
   if (a.epi_debug == 2) return;
 #pragma unroll
   for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
@@ -1117,7 +1129,8 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
       bulk_commit_group();
     }
   }
-  if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
+  if (OWN_AREA) ebuf = buf;
+  else if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
 }
 
 /* reg_fence on every accumulator of both m64 blocks (keeps the compiler from moving their
@@ -1139,10 +1152,10 @@ __device__ __forceinline__ void tok_release(uint64_t *bar, bool leader) {
   if (PAIR) mbarrier_arrive_remote_if(bar, cluster_ctarank() ^ 1u, leader); /* read here: no register kept */
 }
 
-template <int KIND, int NT, bool PAIR>
+template <int KIND, int NT, bool PAIR, int RING = kTokMaxUnits>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
-                                               WaitCtx &w, int wg, int k_blocks) {
-  using TC = TokConfig<KIND>;
+                                               WaitCtx &w, int wg, int k_blocks, int &ebuf) {
+  using TC = TokConfig<KIND, RING>;
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const bool leader = (threadIdx.x & 127) == 0;
@@ -1182,28 +1195,48 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
   wgmma_wait_group<0>();
   reg_fence_all(acc0, acc1);
-  /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
-  tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2)), wg, acc0, acc1);
-  if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+  if constexpr (TC::kEpiBytes > 0) { /* an epilogue area of its own: the stage goes back first */
+    if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+    tok_epilogue<KIND, NT, true>(a, c, smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes), wg, acc0, acc1, ebuf);
+  } else {
+    /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
+    tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2)), wg, acc0, acc1,
+                           ebuf);
+    if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+  }
 }
 
-/* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair. */
-template <int KIND, bool PAIR>
+/* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
+ * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128). */
+template <int KIND, bool PAIR, int RING = kTokMaxUnits>
 __device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
-                                 int wg) {
+                                 int wg, int &ebuf) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
+  if constexpr (RING == kTokRing128) { /* tiles of <= 128 rows */
+    switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
+      case 16: tok_consume_nt<KIND, 16, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 32: tok_consume_nt<KIND, 32, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 48: tok_consume_nt<KIND, 48, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 64: tok_consume_nt<KIND, 64, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 80: tok_consume_nt<KIND, 80, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 96: tok_consume_nt<KIND, 96, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 112: tok_consume_nt<KIND, 112, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      default: tok_consume_nt<KIND, 128, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    }
+    return;
+  }
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 16: tok_consume_nt<KIND, 16, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 32: tok_consume_nt<KIND, 32, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 48: tok_consume_nt<KIND, 48, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 64: tok_consume_nt<KIND, 64, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 80: tok_consume_nt<KIND, 80, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 96: tok_consume_nt<KIND, 96, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 112: tok_consume_nt<KIND, 112, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 128: tok_consume_nt<KIND, 128, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 144: tok_consume_nt<KIND, 144, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    case 160: tok_consume_nt<KIND, 160, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
-    default: tok_consume_nt<KIND, 176, PAIR>(a, c, smem, p, w, wg, k_blocks); break;
+    case 16: tok_consume_nt<KIND, 16, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 32: tok_consume_nt<KIND, 32, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 48: tok_consume_nt<KIND, 48, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 64: tok_consume_nt<KIND, 64, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 80: tok_consume_nt<KIND, 80, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 96: tok_consume_nt<KIND, 96, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 112: tok_consume_nt<KIND, 112, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 128: tok_consume_nt<KIND, 128, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 144: tok_consume_nt<KIND, 144, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 160: tok_consume_nt<KIND, 160, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    default: tok_consume_nt<KIND, 176, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
   }
 }
 
@@ -1313,7 +1346,10 @@ struct PickType<false, T, F> {
 
 template <int KIND, int BN, int TOK>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
-  using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd ? kDownFwd : kGateUpFwd>, TileConfig<KIND, BN>>::type;
+  /* token tiles: BN = 128 picks the ring of 128-row stages (kTokRing128), else 256 */
+  constexpr int kRing = TOK != 0 && BN == 128 ? kTokRing128 : kTokMaxUnits;
+  using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd ? kDownFwd : kGateUpFwd, kRing>,
+                               TileConfig<KIND, BN>>::type;
   extern __shared__ char smem_raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -1450,7 +1486,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         bool ok;
         if constexpr (TOK != 0) { /* cold: a one-tile expert's tile (split mix order, gate+up alone) */
           const bool cold = KIND == kGateUpFwd && TOK == 1 && mix_tc[2] && (mix_tc[3] & 1);
-          ok = tok_tile_produce<KIND, TOK == 2>(a, c, smem, p, w, cold);
+          ok = tok_tile_produce<KIND, TOK == 2, kRing>(a, c, smem, p, w, cold);
         } else {
           ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         }
@@ -1467,6 +1503,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   } else {
     setmaxnreg_inc<TOK == 2 ? kPairConsumerRegs : kConsumerRegs>();
     EpiState st = {0, 0u};
+    int ebuf = 0; /* token tiles with an epilogue area of their own: its next buffer */
     for (;;) {
       w.tile = (uint32_t)sp.stage;
       const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
@@ -1483,7 +1520,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       w.tile = (uint32_t)t;
       if constexpr (TOK != 0) {
         if (a.trace && threadIdx.x == 128) tile_trace_start(c, smem + TC::kBarOffset, t);
-        tok_tile_consume<KIND, TOK == 2>(a, c, smem, p, w, wg - 1);
+        tok_tile_consume<KIND, TOK == 2, kRing>(a, c, smem, p, w, wg - 1, ebuf);
         if (a.trace && threadIdx.x == 128) tile_trace_end(a, smem + TC::kBarOffset);
       }
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
