@@ -386,14 +386,7 @@ extern "C" mokResult_t mok_gemm_debug_gu_box(int mode) {
 static int tok_ring_rule(const mokGemmRows_t *rows) {
   const int knob = __atomic_load_n(&g_tok_ring, __ATOMIC_RELAXED);
   if (knob) return knob == 1;
-  if (!rows->expert_count_host) return 0;
-  for (int e = 0; e < rows->num_experts; ++e) {
-    const int n = rows->expert_count_host[e];
-    if (n <= 0) continue;
-    const int u = (n + kTokUnit - 1) / kTokUnit, t = tok_split(u, kTokMaxUnits);
-    if (t > 0 && (u + t - 1) / t > kTokRing128) return 0; /* a tile of more than 128 rows */
-  }
-  return 1;
+  return rows->expert_count_host && tok_tiles_fit_ring128(rows->expert_count_host, rows->num_experts);
 }
 
 extern "C" mokResult_t mok_gemm_debug_tok_ring(int mode) {

@@ -320,6 +320,20 @@ MOK_TEST(gemm_schedule_decode_matches_enumeration) {
   }
 }
 
+/* ---- CPU: which down launches take the 128-row stage ring (tok_tiles_fit_ring128) ---- */
+MOK_TEST(gemm_tok_ring128_rule) {
+  using mok_sm90::tok_tiles_fit_ring128;
+  /* every tile <= 128 rows under the 176-row cut: 512 -> 4 x 128, 256 -> 2 x 128, 128, 1,
+   * 0 (empty), 384 -> 3 x 128, 100 -> 112 */
+  static const int32_t yes[] = {512, 256, 128, 1, 0, 384, 100};
+  CHECK(tok_tiles_fit_ring128(yes, (int)(sizeof yes / sizeof yes[0])));
+  /* one expert whose tiles exceed 128 rows is enough to keep the 176-row ring: 320 -> 2 x
+   * 160, 341 (352) -> 2 x 176, 129 (144) -> 144, 1024 -> 6 x 160-176 */
+  static const int32_t no[][2] = {{512, 320}, {341, 0}, {129, 64}, {256, 1024}};
+  for (int i = 0; i < 4; ++i) CHECK_MSG(!tok_tiles_fit_ring128(no[i], 2), "case %d", i);
+  CHECK(tok_tiles_fit_ring128(no[0], 1)); /* 512 alone fits */
+}
+
 /* ---- GPU: one whole forward + backward chain on a row layout ----------------------- */
 typedef struct gemm_case {
   int E, H, I;

@@ -931,6 +931,18 @@ static_assert(kMailOffset + (int)sizeof(PairMail) <= 488, "ticket mailbox past t
  * of its own (two 8 KB buffers a consumer warpgroup), so the last stage goes back before
  * the epilogue (cuBLAS's 256 x 128 kernel keeps one too; docs/PERF.md session 14). */
 constexpr int kTokRing128 = 8;
+/* Whether E experts of these routed-row counts (host memory) all get token tiles of <= 128
+ * rows under the 176-row cut (tok_split), so that the 128-row ring cuts none of them
+ * smaller (gemm.cu tok_ring_rule). */
+__host__ __device__ __forceinline__ bool tok_tiles_fit_ring128(const int32_t *count, int E) {
+  for (int e = 0; e < E; ++e) {
+    const int n = count[e];
+    if (n <= 0) continue;
+    const int u = (n + kTokUnit - 1) / kTokUnit, t = tok_split(u, kTokMaxUnits);
+    if (t > 0 && (u + t - 1) / t > kTokRing128) return false; /* a tile of more than 128 rows */
+  }
+  return true;
+}
 template <int KIND, int RING = kTokMaxUnits>
 struct TokConfig {
   static constexpr int kWBytes = 256 * 128;
