@@ -646,7 +646,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.mix = mix_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
   if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
-  if (ts.token && !pairs && tok_ring_rule(rows)) { /* 128-row stages, an epilogue area of their own */
+  if (ts.token && tok_ring_rule(rows)) { /* 128-row stages, an epilogue area of their own */
     a.tok_units = a.tok_units < kTokRing128 ? a.tok_units : kTokRing128;
     return launch<kDownFwd, 128, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
   }
