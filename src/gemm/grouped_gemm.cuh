@@ -682,6 +682,26 @@ __device__ __forceinline__ uint32_t swiglu_pack(int pass, float L, float g0, flo
   return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
 }
 
+/* The gate+up token tiles' epilogue values (the same as swiglu_pack's): LIMIT is a.limit >
+ * 0, chosen once a tile (tok_consume_nt), so a launch without a limit runs (and fetches) no
+ * clamp code. swiglu_h: h of two outputs; gu_pack: g (lo = -inf) or u (lo = -L) of two, an
+ * input past the limit stored as +-inf (the backward's mark of a clamped value). */
+template <bool LIMIT>
+__device__ __forceinline__ uint32_t swiglu_h(float L, float g0, float g1, float u0, float u1) {
+  if (LIMIT) {
+    g0 = fminf(g0, L);
+    g1 = fminf(g1, L);
+    u0 = fminf(fmaxf(u0, -L), L);
+    u1 = fminf(fmaxf(u1, -L), L);
+  }
+  return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
+}
+template <bool LIMIT>
+__device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x1) {
+  if (!LIMIT) return pack_bf16x2(x0, x1);
+  return pack_bf16x2(x0 > L ? INFINITY : x0 < lo ? -INFINITY : x0, x1 > L ? INFINITY : x1 < lo ? -INFINITY : x1);
+}
+
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
  * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
  * gate then the same 64 up columns). */
@@ -1066,28 +1086,79 @@ __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t 
   stmatrix_x4_trans(stg_addr(buf, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
 }
 
+/* The gate+up token tile's epilogue, pieces of <= 64 rows x 64 outputs: h = SwiGLU(g, u),
+ * then (a.save_gu) g and u. Its code is the tile's longest straight line, and most of its
+ * stall samples were instruction fetches (docs/PERF.md, session 15): the limit's code is
+ * compiled apart (LIMIT; with the limit's test in every value, a 176-row tile's epilogue
+ * was ~2300 instructions, ~1500 without). */
+template <int NT, bool LIMIT>
+__device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
+                                                const float (&acc0)[NT / 2], const float (&acc1)[NT / 2], int &buf) {
+  constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
+  const float L = a.limit;
+  const bool leader = (threadIdx.x & 127) == 0;
+  const int col = c.n0 + 64 * wg;
+  if (col >= a.n_out) return;
+#pragma unroll
+  for (int pass = 0; pass < 3; ++pass) {
+    if (pass > 0 && !a.save_gu) break;
+#pragma unroll
+    for (int piece = 0; piece < kPieces; ++piece) {
+      const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
+      const uint32_t b = region + buf * kTokBufBytes;
+      if (leader) bulk_wait_group_read<1>();
+      wg_sync(wg);
+#pragma unroll
+      for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
+        uint32_t v[2][2];
+#pragma unroll
+        for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+          for (int h = 0; h < 2; ++h) {
+            const int j = 4 * (2 * q + jj) + 2 * h;
+            v[jj][h] = pass == 0 ? swiglu_h<LIMIT>(L, acc0[j], acc0[j + 1], acc1[j], acc1[j + 1])
+                       : pass == 1 ? gu_pack<LIMIT>(L, -INFINITY, acc0[j], acc0[j + 1])
+                                   : gu_pack<LIMIT>(L, -L, acc1[j], acc1[j + 1]);
+          }
+        stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
+      }
+      fence_proxy_async_shared();
+      wg_sync(wg);
+      if (leader && a.epi_debug != 1) {
+        const int x = pass == 2 ? a.n_out + col : col;
+        for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
+          tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
+        if ((q1 - q0) & 1)
+          tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b + (q1 - 1 - q0) * kTokUnit * 128, x,
+                       c.m0 + kTokUnit * (q1 - 1));
+        bulk_commit_group();
+      }
+      buf ^= 1;
+    }
+  }
+}
+
 /* OWN_AREA: region is the warpgroup's own epilogue area (TokConfig kTokRing128), which
  * outlives the tile: its buffers alternate across tiles (buf), and the stores of a tile
  * are left to drain during the next tile's main loop (a buffer is rewritten once the store
  * that last read it is done; the consumers' exit drains the rest). */
-template <int KIND, int NT, bool OWN_AREA = false>
+template <int KIND, int NT, bool OWN_AREA = false, bool LIMIT = false>
 __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
                                              const float (&acc0)[NT / 2], const float (&acc1)[NT / 2], int &ebuf) {
   /* 16-row units of the tile and of its pieces (4: only the last piece may end in a
    * 16-row box) */
   constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
-  const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = OWN_AREA ? ebuf : 0;
   if (a.epi_debug == 2) return;
+  if constexpr (KIND == kGateUpFwd) {
+    tok_epilogue_gu<NT, LIMIT>(a, c, region, wg, acc0, acc1, buf);
+  } else { /* down: the warpgroup's 128 outputs as two blocks of 64 */
 #pragma unroll
-  for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
-    const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
-    if (col >= a.n_out) break;
-    const float(&acc)[NT / 2] = i ? acc1 : acc0;
-#pragma unroll
-    for (int pass = 0; pass < (KIND == kGateUpFwd ? 3 : 1); ++pass) {
-      if (pass > 0 && !a.save_gu) break;
+    for (int i = 0; i < 2; ++i) {
+      const int col = c.n0 + 128 * wg + 64 * i;
+      if (col >= a.n_out) break;
+      const float(&acc)[NT / 2] = i ? acc1 : acc0;
 #pragma unroll
       for (int piece = 0; piece < kPieces; ++piece) {
         const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
@@ -1102,21 +1173,16 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
 #pragma unroll
             for (int h = 0; h < 2; ++h) {
               const int j = 2 * q + jj;
-              v[jj][h] = KIND == kGateUpFwd ? swiglu_pack(pass, L, acc0[4 * j + 2 * h], acc0[4 * j + 2 * h + 1],
-                                                          acc1[4 * j + 2 * h], acc1[4 * j + 2 * h + 1])
-                                            : pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
+              v[jj][h] = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
             }
           stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
         }
         fence_proxy_async_shared();
         wg_sync(wg);
         if (leader && a.epi_debug != 1) {
-          const int x = pass == 2 ? a.n_out + col : col;
           for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
-            tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
-          if ((q1 - q0) & 1)
-            tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b + (q1 - 1 - q0) * kTokUnit * 128, x,
-                         c.m0 + kTokUnit * (q1 - 1));
+            tma_store_2d(&a.tm_out0, b + (q - q0) * kTokUnit * 128, col, c.m0 + kTokUnit * q);
+          if ((q1 - q0) & 1) tma_store_2d(&a.tm_out0h, b + (q1 - 1 - q0) * kTokUnit * 128, col, c.m0 + kTokUnit * (q1 - 1));
           bulk_commit_group();
         }
         buf ^= 1;
@@ -1212,8 +1278,9 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     tok_epilogue<KIND, NT, true>(a, c, smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes), wg, acc0, acc1, ebuf);
   } else {
     /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
-    tok_epilogue<KIND, NT>(a, c, smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2)), wg, acc0, acc1,
-                           ebuf);
+    const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
+    if (KIND == kGateUpFwd && a.limit > 0.f) tok_epilogue<KIND, NT, false, true>(a, c, region, wg, acc0, acc1, ebuf);
+    else tok_epilogue<KIND, NT>(a, c, region, wg, acc0, acc1, ebuf);
     if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
   }
 }
