@@ -49,7 +49,19 @@ struct StreamArgs {
   int stride;                    /* active CTAs: block indices 0, stride, 2 * stride, ... */
   unsigned work;                 /* consumer hold per stage, SM cycles */
   unsigned long long *lat;       /* [2]: sum of issue -> use cycles, stages */
+  unsigned long long *clk;       /* mixed runs: [CTA][2] globaltimer at start and end, or NULL */
+  int hint;                      /* 1: the streamed matrix's loads L2 evict-first (as the GEMM's cold tiles) */
 };
+
+/* tma_load_2d with an L2 cache policy (as grouped_gemm.cuh's one-tile experts' weights). */
+__device__ __forceinline__ void tma_load_2d_policy(void *dst, const CUtensorMap *map, uint64_t *bar, int c0, int c1,
+                                                   uint64_t policy) {
+  asm volatile(
+      "cp.async.bulk.tensor.2d.shared::cluster.global.mbarrier::complete_tx::bytes.L2::cache_hint"
+      " [%0], [%1, {%3, %4}], [%2], %5;" ::"r"(smem_u32(dst)),
+      "l"((uint64_t)map), "r"(smem_u32(bar)), "r"(c0), "r"(c1), "l"(policy)
+      : "memory");
+}
 
 /* The ring in shared memory: stages of (stage_rows + t_rows) x 128 bytes from a 1024-aligned
  * base, then full[stages], empty[stages] and the issue stamps. */
@@ -94,12 +106,10 @@ __device__ __forceinline__ void stream_use(const StreamArgs &a, uint64_t *full, 
     }
 }
 
-__global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
-  extern __shared__ char raw[];
-  const StreamRing q = stream_ring(a, raw);
-  if ((int)blockIdx.x % a.stride || (int)blockIdx.x / a.stride >= a.active) return;
-  const int me = (int)blockIdx.x / a.stride;
+/* One streaming CTA, number me of a.active: its producer and consumer threads. */
+__device__ __forceinline__ void stream_run(const StreamArgs &a, const StreamRing &q, int me) {
   stream_init(a, q.full, q.empty, 1);
+  if (a.clk && threadIdx.x == 0) a.clk[2 * blockIdx.x] = globaltimer_u64();
   const int groups = a.active / a.share, grp = me / a.share;
   int stage = 0;
   uint32_t phase = 0;
@@ -113,7 +123,10 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
         q.stamp[stage] = (uint32_t)clock64();
         mbarrier_arrive_expect_tx(&q.full[stage], (uint32_t)q.stage_bytes);
         for (int b = 0; b < a.stage_rows; b += a.box_rows)
-          tma_load_2d(q.smem + stage * q.stage_bytes + b * 128, &a.map, &q.full[stage], kb * 64, row0 + b);
+          if (a.hint)
+            tma_load_2d_policy(q.smem + stage * q.stage_bytes + b * 128, &a.map, &q.full[stage], kb * 64, row0 + b,
+                               l2_policy_evict_first());
+          else tma_load_2d(q.smem + stage * q.stage_bytes + b * 128, &a.map, &q.full[stage], kb * 64, row0 + b);
         for (int b = 0; b < a.t_rows; b += a.t_box)
           tma_load_2d(q.smem + stage * q.stage_bytes + (a.stage_rows + b) * 128, &a.map_t, &q.full[stage], kb * 64,
                       trow0 + b);
@@ -132,6 +145,33 @@ __global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ S
     if (a.hold) mbarrier_arrive(&q.empty[stage ? stage - 1 : a.stages - 1]);
     atomicAdd(&a.lat[0], sum);
     atomicAdd(&a.lat[1], n);
+    if (a.clk) a.clk[2 * blockIdx.x + 1] = globaltimer_u64();
+  }
+}
+
+__global__ void __launch_bounds__(64, 1) stream_kernel(const __grid_constant__ StreamArgs a) {
+  extern __shared__ char raw[];
+  if ((int)blockIdx.x % a.stride || (int)blockIdx.x / a.stride >= a.active) return;
+  stream_run(a, stream_ring(a, raw), (int)blockIdx.x / a.stride);
+}
+
+/* Two classes at once (`mixed`): CTAs 0, stride, 2 * stride, ... (cold.active of them)
+ * stream as `cold` says (a one-tile expert's weight block from DRAM), every other CTA of the
+ * grid (hot.active) as `hot` says (a many-tile expert's tiles: weights mostly from L2, MMA
+ * time a stage); each CTA stamps its start and end for per-class rates. */
+struct MixedArgs {
+  StreamArgs cold, hot;
+  int stride;
+};
+__global__ void __launch_bounds__(64, 1) stream_mixed_kernel(const __grid_constant__ MixedArgs m) {
+  extern __shared__ char raw[];
+  const int b = (int)blockIdx.x;
+  const bool is_cold = b % m.stride == 0 && b / m.stride < m.cold.active;
+  if (is_cold) {
+    stream_run(m.cold, stream_ring(m.cold, raw), b / m.stride);
+  } else if (m.hot.active) {
+    const int cold_before = b / m.stride + 1 < m.cold.active ? b / m.stride + 1 : m.cold.active;
+    stream_run(m.hot, stream_ring(m.hot, raw), b - cold_before);
   }
 }
 
@@ -241,19 +281,162 @@ static const cfg kSweep[] = {
     {"tokpr", 132, 5, 128, 128, 2, 0, 0, 0, 1, 160, 80, 1},   {"tokpr", 132, 6, 128, 128, 2, 0, 870, 1, 1, 160, 80, 1},
 };
 
+/* Mixed runs: a cold class on `cold_ctas` CTAs (block indices 0, stride, ...) beside a hot
+ * class on every other CTA (hot.active 0: the cold class alone, the others idle). Cold:
+ * one-tile experts' tiles, 256 weight rows from DRAM (each tile once) + 64 L2-resident
+ * token rows a stage, 500 cycles of MMAs a stage, freed at once (as the GEMM's tiles of
+ * <= 96 rows). Hot: a many-tile expert's 176-row tiles, 256 weight rows from L2 (4
+ * distinct blocks) or DRAM read by two CTAs in step + 176 token rows, ~1 us of MMAs a
+ * stage, held until the next lands (qwen3.5 Zipf gate+up's two classes). */
+typedef struct mixed_cfg {
+  const char *what;
+  int cold_ctas, stride, cold_stages;
+  int hot_l2;            /* hot weights: 1 L2-resident, 0 DRAM read by hot_share CTAs in step, -1 no hot class */
+  unsigned hot_work;     /* hot class's hold a stage, cycles */
+  int hot_stages, hot_rows;
+  int cold_hint;         /* cold weights evict-first */
+  int cold_tdram;        /* cold token rows from DRAM (each tile's its own) instead of L2 */
+  int hot_share;         /* hot_l2 0: CTAs reading one weight tile in step (0: 2) */
+  int cold_trows;        /* cold token rows a stage (0: 64) */
+  unsigned cold_work;    /* cold MMA hold a stage, cycles (0: 500) */
+} mixed_cfg;
+static const mixed_cfg kMixed[] = {
+    {"alone", 33, 1, 4, -1, 0, 4, 176},      {"alone", 33, 4, 4, -1, 0, 4, 176},
+    {"mixed", 33, 1, 4, 1, 1920, 4, 176},    {"mixed", 33, 4, 4, 1, 1920, 4, 176},
+    {"mixed", 33, 1, 5, 1, 1920, 4, 176},    {"mixed", 33, 1, 4, 0, 1920, 4, 176},
+    {"mixed", 33, 1, 4, 1, 0, 4, 176},       {"mixed", 33, 1, 4, 1, 1920, 4, 64},
+    {"mixed", 33, 1, 4, 1, 3840, 4, 176},    {"mixed", 66, 2, 4, 1, 1920, 4, 176},
+    {"hotonly", 0, 1, 4, 1, 1920, 4, 176},
+    {"hint", 33, 1, 4, -1, 0, 4, 176, 1, 0},   {"hint", 33, 1, 4, 1, 1920, 4, 176, 1, 0},
+    {"tdram", 33, 1, 4, 1, 1920, 4, 176, 0, 1}, {"both", 33, 1, 4, 1, 1920, 4, 176, 1, 1},
+    {"both", 33, 4, 4, 1, 1920, 4, 176, 1, 1},
+    {"g48", 33, 1, 4, 1, 1920, 4, 176, 1, 0, 0, 48, 580}, {"g48", 33, 1, 4, 0, 1920, 4, 176, 1, 0, 4, 48, 580},
+    {"g48", 33, 1, 4, 0, 1920, 4, 176, 1, 0, 8, 48, 580}, {"g96", 33, 1, 4, 0, 1920, 4, 176, 1, 0, 8, 96, 1160},
+    {"g48", 33, 1, 4, 0, 1920, 4, 176, 1, 1, 8, 48, 580},
+};
+
+/* Fills a's streamed-matrix map and ring fields for `active` CTAs; rows of the second matrix
+ * from the end of buf (8 tiles of t_rows, L2-resident). dram_off: where its DRAM tiles begin. */
+static int stream_setup(StreamArgs *a, void *buf, size_t dram_bytes, size_t dram_off, int K, int active,
+                        int stages, int stage_rows, int box_rows, int share, int l2, unsigned work, int hold,
+                        int t_rows, int t_box, int tiles) {
+  memset(a, 0, sizeof *a);
+  const size_t tile_bytes = (size_t)stage_rows * K * 2;
+  int distinct = l2 ? 4 : (int)((dram_bytes / 2) / tile_bytes);
+  const int groups = active / share > 0 ? active / share : 1;
+  if (!l2 && distinct > groups * tiles) distinct = groups * tiles;
+  if (mok_gemm_tma_map(&a->map, (char *)buf + dram_off, (uint64_t)K, (uint64_t)distinct * stage_rows,
+                       (uint32_t)box_rows) != mokSuccess ||
+      (t_rows && mok_gemm_tma_map(&a->map_t, (char *)buf + dram_bytes - (size_t)8 * t_rows * K * 2, (uint64_t)K,
+                                  (uint64_t)8 * t_rows, (uint32_t)t_box) != mokSuccess)) {
+    fprintf(stderr, "bench stream: %s\n", mokGetLastError());
+    return 1;
+  }
+  a->k_blocks = K / 64, a->stage_rows = stage_rows, a->box_rows = box_rows, a->stages = stages;
+  a->tiles = tiles, a->share = share, a->active = active, a->distinct = distinct, a->work = work;
+  a->hold = hold, a->stride = 1, a->t_rows = t_rows, a->t_box = t_box, a->t_distinct = 8;
+  return 0;
+}
+
+static int run_mixed(void *buf, size_t dram_bytes, int K, int sms, int reps, double clock_mhz,
+                     unsigned long long *lat, unsigned long long *clk) {
+  printf("\nmixed: a cold class (one-tile experts' weight streams from DRAM) beside a hot class\n"
+         "(176-row tiles, weights from L2 or DRAM in pairs); per class: GB/s per CTA over each CTA's own\n"
+         "span (mean), issue->use us, span us (first start .. last end)\n");
+  printf("%-7s %5s %6s %6s %6s %6s %5s %4s %5s | %9s %9s %8s | %5s %9s %9s %8s\n", "what", "cold", "stride",
+         "stages", "hot", "work", "rows", "hint", "tdram", "cold GB/s", "iss->use", "span", "hot", "hot GB/s", "iss->use",
+         "span");
+  for (size_t c = 0; c < sizeof kMixed / sizeof kMixed[0]; ++c) {
+    const mixed_cfg f = kMixed[c];
+    const int stride = f.stride > 1 ? f.stride : 1;
+    const int cold = f.cold_ctas * stride <= sms ? f.cold_ctas : sms / stride;
+    const int hot = f.hot_l2 < 0 ? 0 : sms - cold;
+    MixedArgs m;
+    memset(&m, 0, sizeof m);
+    m.stride = stride;
+    /* cold: 8 tiles of 256 x K a CTA (16 MB at K = 4096), DRAM first half; hot: 2x their time */
+    const int ctr = f.cold_trows ? f.cold_trows : 64;
+    if (stream_setup(&m.cold, buf, dram_bytes, 0, K, cold, f.cold_stages, 256, 256, 1, 0,
+                     f.cold_work ? f.cold_work : 500, 0, ctr, ctr, 8))
+      return 1;
+    m.cold.hint = f.cold_hint;
+    if (f.cold_tdram) { /* each cold tile its own 64 token rows, from the first half's end (past L2) */
+      const uint64_t trows = (uint64_t)cold * 8 * ctr;
+      if (mok_gemm_tma_map(&m.cold.map_t, (char *)buf + dram_bytes / 2 - trows * K * 2, (uint64_t)K, trows,
+                           (uint32_t)ctr) != mokSuccess) {
+        fprintf(stderr, "bench stream: %s\n", mokGetLastError());
+        return 1;
+      }
+      m.cold.t_distinct = (int)(trows / ctr);
+    }
+    const int hot_tiles = f.hot_work ? 16 : 48;
+    if (hot && stream_setup(&m.hot, buf, dram_bytes, dram_bytes / 2, K, hot, f.hot_stages, 256, 256,
+                            f.hot_l2 ? 1 : f.hot_share ? f.hot_share : 2, f.hot_l2, f.hot_work, 1, f.hot_rows, f.hot_rows > 128 ? 88 : f.hot_rows,
+                            hot_tiles))
+      return 1;
+    m.cold.lat = lat, m.hot.lat = lat + 2, m.cold.clk = clk, m.hot.clk = clk;
+    const size_t ring_c = (size_t)f.cold_stages * (256 + ctr) * 128 + (size_t)f.cold_stages * 20;
+    const size_t ring_h = hot ? (size_t)f.hot_stages * (256 + f.hot_rows) * 128 + (size_t)f.hot_stages * 20 : 0;
+    const size_t smem = 1024 + 64 + (ring_c > ring_h ? ring_c : ring_h);
+    if (smem > 232448) {
+      fprintf(stderr, "bench stream: mixed config %zu needs %zu bytes of shared memory\n", c, smem);
+      return 1;
+    }
+    BS_CHECK(cudaFuncSetAttribute(stream_mixed_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
+    double cold_gbs = 0, hot_gbs = 0, cold_span = 0, hot_span = 0, cold_lat = 0, hot_lat = 0;
+    const int n = reps < 16 ? reps : 16;
+    unsigned long long h[4], *t = (unsigned long long *)malloc((size_t)sms * 2 * sizeof *t);
+    if (!t) return 1;
+    for (int r = -1; r < n; ++r) {
+      BS_CHECK(cudaMemset(lat, 0, 4 * sizeof *lat));
+      BS_CHECK(cudaMemset(clk, 0, (size_t)sms * 2 * sizeof *clk));
+      stream_mixed_kernel<<<sms, 64, smem>>>(m);
+      BS_CHECK(cudaDeviceSynchronize());
+      BS_CHECK(cudaGetLastError());
+      if (r < 0) continue;
+      BS_CHECK(cudaMemcpy(h, lat, sizeof h, cudaMemcpyDeviceToHost));
+      BS_CHECK(cudaMemcpy(t, clk, (size_t)sms * 2 * sizeof *t, cudaMemcpyDeviceToHost));
+      const double cold_bytes = 8.0 * ((size_t)256 + ctr) * K * 2;
+      const double hot_bytes = (double)hot_tiles * ((size_t)256 + f.hot_rows) * K * 2;
+      unsigned long long c0 = ~0ull, c1 = 0, h0 = ~0ull, h1 = 0;
+      double cg = 0, hg = 0;
+      for (int b = 0; b < sms; ++b) {
+        if (!t[2 * b + 1]) continue; /* idle CTA */
+        const bool is_cold = b % stride == 0 && b / stride < cold;
+        const double span = (double)(t[2 * b + 1] - t[2 * b]);
+        if (is_cold) cg += cold_bytes / span, c0 = t[2 * b] < c0 ? t[2 * b] : c0, c1 = t[2 * b + 1] > c1 ? t[2 * b + 1] : c1;
+        else hg += hot_bytes / span, h0 = t[2 * b] < h0 ? t[2 * b] : h0, h1 = t[2 * b + 1] > h1 ? t[2 * b + 1] : h1;
+      }
+      cold_gbs += cg / cold / n, cold_span += (c1 - c0) * 1e-3 / n;
+      cold_lat += (h[1] ? (double)h[0] / h[1] / clock_mhz : 0) / n;
+      if (hot) {
+        hot_gbs += hg / hot / n, hot_span += (h1 - h0) * 1e-3 / n;
+        hot_lat += (h[3] ? (double)h[2] / h[3] / clock_mhz : 0) / n;
+      }
+    }
+    free(t);
+    printf("%-7s %5d %6d %6d %6s %6u %5d %4d %5d | %9.1f %9.2f %8.1f | %5d %9.1f %9.2f %8.1f\n", f.what, cold,
+           stride, f.cold_stages, f.hot_l2 < 0 ? "-" : f.hot_l2 ? "L2" : f.hot_share == 8 ? "DRAM8" : f.hot_share == 4 ? "DRAM4" : "DRAM2", f.hot_work, f.hot_rows, f.cold_hint,
+           f.cold_tdram, cold_gbs, cold_lat, cold_span, hot, hot_gbs, hot_lat, hot_span);
+  }
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: mok bench stream [--k K] [--reps N]\n"
+          "usage: mok bench stream [--k K] [--reps N] [--mixed]\n"
           "  TMA streams into shared memory, one SM each, over a sweep of loads, ring shapes,\n"
           "  box shapes, reads in step, L2 vs DRAM and the GEMMs' token-tile stages (weights\n"
           "  streamed + L2-resident rows, alone or in 2-CTA clusters multicasting the rows)\n"
           "  (diagnostics; tools/bench_stream.cu).\n"
-          "  --k: columns of the streamed matrix (a tile's k-blocks = K / 64; default 4096)\n");
+          "  --k: columns of the streamed matrix (a tile's k-blocks = K / 64; default 4096)\n"
+          "  --mixed: instead, one-tile experts' streams beside many-tile experts' tiles (run_mixed)\n");
 }
 
 extern "C" int mok_bench_stream_main(int argc, char **argv) {
-  int K = 4096, reps = 5;
+  int K = 4096, reps = 5, mixed = 0;
   for (int i = 1; i < argc; ++i) {
+    if (!strcmp(argv[i], "--mixed")) { mixed = 1; continue; }
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || i + 1 >= argc) { usage(); return 2; }
     if (!strcmp(argv[i], "--k")) K = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
@@ -268,7 +451,17 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
   unsigned long long *lat = NULL;
   BS_CHECK(cudaMalloc(&buf, dram_bytes));
   BS_CHECK(cudaMemset(buf, 0x3c, dram_bytes));
-  BS_CHECK(cudaMalloc(&lat, 2 * sizeof *lat));
+  BS_CHECK(cudaMalloc(&lat, 4 * sizeof *lat));
+  if (mixed) {
+    unsigned long long *clk = NULL;
+    BS_CHECK(cudaMalloc(&clk, (size_t)sms * 2 * sizeof *clk));
+    printf("mok bench stream --mixed: K %d, %d SMs, clock %.0f MHz, %d reps (mean)\n", K, sms, clock_khz / 1e3, reps);
+    const int rc = run_mixed(buf, dram_bytes, K, sms, reps, clock_khz * 1e-3, lat, clk);
+    cudaFree(clk);
+    cudaFree(buf);
+    cudaFree(lat);
+    return rc;
+  }
   BS_CHECK(cudaFuncSetAttribute(stream_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
   BS_CHECK(cudaFuncSetAttribute(stream_pair_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 232448));
   cudaEvent_t e0, e1;
