@@ -705,7 +705,9 @@ __device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
  * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
  * gate then the same 64 up columns). */
-template <int KIND, int BN, int NC>
+/* LIM (dgrad down): 1 tests the SwiGLU limit per value (a.limit > 0), 0 compiles no limit
+ * code (a launch without one; chosen once a tile, gemm_tile_consume) */
+template <int KIND, int BN, int NC, int LIM = 1>
 __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileCoord &c, char *smem, EpiState &st,
                                               WaitCtx &w, int wg, int row0, int n0, const float (&acc)[NC / 2]) {
   using TC = TileConfig<KIND, BN>;
@@ -760,7 +762,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
             const float g = e ? bf16_hi(gw[i]) : bf16_lo(gw[i]), u = e ? bf16_hi(uw[i]) : bf16_lo(uw[i]);
             const float da = acc[4 * j + 2 * h + e];
             float gc = g, uc = u, gmask = 1.f, umask = 1.f;
-            if (L > 0.f) {
+            if (LIM && L > 0.f) {
               /* the forward saved a cut value as +-inf: the mask is exactly its */
               if (isinf(g)) { gc = L; gmask = 0.f; }
               if (isinf(u)) { uc = u > 0.f ? L : -L; umask = 0.f; }
@@ -884,7 +886,8 @@ __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, cha
       n0 = c.n0 + wg * tile_out_cols<KIND, BN>() / 2;
       aux_load<KIND, BN, NC>(a, c.m0, n0, smem, wg);
       mma_loop<KIND, BN, NC>(smem, p, w, k_blocks, 0, KT::kBMn ? wg * (NC / 64) * kChunkBytes : wg * NC * 128, acc);
-      gemm_epilogue<KIND, BN, NC>(a, c, smem, st, w, wg, c.m0, n0, acc);
+      if (KIND == kDownDgrad && !(a.limit > 0.f)) gemm_epilogue<KIND, BN, NC, 0>(a, c, smem, st, w, wg, c.m0, n0, acc);
+      else gemm_epilogue<KIND, BN, NC>(a, c, smem, st, w, wg, c.m0, n0, acc);
       return;
     }
   }
@@ -914,7 +917,8 @@ __device__ void gemm_tile_consume(const GemmTileArgs &a, const TileCoord &c, cha
   aux_load<KIND, BN, BN>(a, row0, c.n0, smem, wg);
   float acc[BN / 2];
   mma_loop<KIND, BN, BN>(smem, p, w, k_blocks, wg * kChunkBytes, 0, acc);
-  gemm_epilogue<KIND, BN, BN>(a, c, smem, st, w, wg, row0, c.n0, acc);
+  if (KIND == kDownDgrad && !(a.limit > 0.f)) gemm_epilogue<KIND, BN, BN, 0>(a, c, smem, st, w, wg, row0, c.n0, acc);
+  else gemm_epilogue<KIND, BN, BN>(a, c, smem, st, w, wg, row0, c.n0, acc);
 }
 
 /* A consumer warpgroup's last step: its TMA stores have finished (global writes done)
