@@ -1090,6 +1090,27 @@ __device__ __forceinline__ void stage_bf16_trans16(uint32_t buf, const uint32_t 
   stmatrix_x4_trans(stg_addr(buf, row, 2 * warp + (s & 1)), v[0][0], v[0][1], v[1][0], v[1][1]);
 }
 
+/* A token-tile epilogue piece (rows 16 q0 .. 16 q1 of one 64-output block, staged at b):
+ * tok_piece_open waits until the store that last read b is done with it; tok_piece_store,
+ * once the warpgroup has staged the piece, stores it in 32-row boxes (and one 16-row box
+ * for an odd unit) at column x. */
+__device__ __forceinline__ void tok_piece_open(bool leader, int wg) {
+  if (leader) bulk_wait_group_read<1>();
+  wg_sync(wg);
+}
+__device__ __forceinline__ void tok_piece_store(const GemmTileArgs &a, const TileCoord &c, uint32_t b, bool leader,
+                                                int wg, int q0, int q1, const CUtensorMap *m32,
+                                                const CUtensorMap *m16, int x) {
+  fence_proxy_async_shared();
+  wg_sync(wg);
+  if (leader && a.epi_debug != 1) {
+    for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
+      tma_store_2d(m32, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
+    if ((q1 - q0) & 1) tma_store_2d(m16, b + (q1 - 1 - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * (q1 - 1));
+    bulk_commit_group();
+  }
+}
+
 /* The gate+up token tile's epilogue, pieces of <= 64 rows x 64 outputs: h = SwiGLU(g, u),
  * then (a.save_gu) g and u. Its code is the tile's longest straight line, and most of its
  * stall samples were instruction fetches (docs/PERF.md, session 15): the limit's code is
@@ -1110,8 +1131,7 @@ __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const Til
     for (int piece = 0; piece < kPieces; ++piece) {
       const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
       const uint32_t b = region + buf * kTokBufBytes;
-      if (leader) bulk_wait_group_read<1>();
-      wg_sync(wg);
+      tok_piece_open(leader, wg);
 #pragma unroll
       for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
         uint32_t v[2][2];
@@ -1126,17 +1146,8 @@ __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const Til
           }
         stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
       }
-      fence_proxy_async_shared();
-      wg_sync(wg);
-      if (leader && a.epi_debug != 1) {
-        const int x = pass == 2 ? a.n_out + col : col;
-        for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
-          tma_store_2d(pass == 0 ? &a.tm_out0 : &a.tm_out1, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
-        if ((q1 - q0) & 1)
-          tma_store_2d(pass == 0 ? &a.tm_out0h : &a.tm_out1h, b + (q1 - 1 - q0) * kTokUnit * 128, x,
-                       c.m0 + kTokUnit * (q1 - 1));
-        bulk_commit_group();
-      }
+      tok_piece_store(a, c, b, leader, wg, q0, q1, pass == 0 ? &a.tm_out0 : &a.tm_out1,
+                      pass == 0 ? &a.tm_out0h : &a.tm_out1h, pass == 2 ? a.n_out + col : col);
       buf ^= 1;
     }
   }
@@ -1167,8 +1178,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
       for (int piece = 0; piece < kPieces; ++piece) {
         const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
         const uint32_t b = region + buf * kTokBufBytes;
-        if (leader) bulk_wait_group_read<1>();
-        wg_sync(wg);
+        tok_piece_open(leader, wg);
 #pragma unroll
         for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
           uint32_t v[2][2];
@@ -1181,14 +1191,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
             }
           stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
         }
-        fence_proxy_async_shared();
-        wg_sync(wg);
-        if (leader && a.epi_debug != 1) {
-          for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
-            tma_store_2d(&a.tm_out0, b + (q - q0) * kTokUnit * 128, col, c.m0 + kTokUnit * q);
-          if ((q1 - q0) & 1) tma_store_2d(&a.tm_out0h, b + (q1 - 1 - q0) * kTokUnit * 128, col, c.m0 + kTokUnit * (q1 - 1));
-          bulk_commit_group();
-        }
+        tok_piece_store(a, c, b, leader, wg, q0, q1, &a.tm_out0, &a.tm_out0h, col);
         buf ^= 1;
       }
     }
