@@ -45,5 +45,11 @@ for r in body:
     m = re.match(r"\s*(@!?U?P\w+\s+)?([A-Z0-9_.]+)", r[col[src]])
     if m: ops[m.group(2).split(".")[0]] += num(r[col[allc]])
 print("   by opcode: " + ", ".join("%s %.1f%%" % (o, 100 * v / max(tot, 1)) for o, v in ops.most_common(12)))
+# every sample's reason, summed over the kernel (no_instructions: instruction fetch, session 15)
+why = collections.Counter()
+for r in body:
+    for c in reasons:
+        if "Not Issued" not in c and len(r) > col[c]: why[c.replace("smsp__pcsamp_warps_issue_stalled_", "")] += num(r[col[c]])
+print("   by reason: " + ", ".join("%s %.1f%%" % (c, 100 * v / max(tot, 1)) for c, v in why.most_common(10)))
 PY
 done
