@@ -704,9 +704,9 @@ __device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x
 
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
  * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
- * gate then the same 64 up columns). */
-/* LIM (dgrad down): 1 tests the SwiGLU limit per value (a.limit > 0), 0 compiles no limit
- * code (a launch without one; chosen once a tile, gemm_tile_consume) */
+ * gate then the same 64 up columns). LIM (dgrad down): 1 tests the SwiGLU limit per value
+ * (a.limit > 0), 0 compiles no limit code (a launch without one; chosen once a tile,
+ * gemm_tile_consume). */
 template <int KIND, int BN, int NC, int LIM = 1>
 __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileCoord &c, char *smem, EpiState &st,
                                               WaitCtx &w, int wg, int row0, int n0, const float (&acc)[NC / 2]) {
