@@ -74,6 +74,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --gu-box 2", "--gu-box one|two|four"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
+      {"bench stream --mixed --k 100", "--k a multiple of 64"}, /* --mixed takes no value */
+      {"bench stream --k 128 --mixed --warp", "usage: mok bench stream"},
   };
   for (size_t i = 0; i < sizeof gemm_cases / sizeof gemm_cases[0]; i++) {
     int rc = run_cli(gemm_cases[i].args, out, sizeof out);
