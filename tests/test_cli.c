@@ -72,6 +72,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
       {"bench gemm --eager-rows -2", "--eager-rows N, N >= -1"},
       {"bench gemm --gu-box 2", "--gu-box one|two|four"},
+      {"bench gemm --routing zipf:1.2,sideways", "--routing zipf:S[,shuffled|,reversed]"},
+      {"bench gemm --routing zipf:0", "--routing uniform|zipf:S"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
       {"bench stream --mixed --k 100", "--k a multiple of 64"}, /* --mixed takes no value */

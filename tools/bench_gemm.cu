@@ -9,7 +9,9 @@
  *
  * Rows: E_l local experts (default: the model's E / 8, the local experts of 8 GPUs);
  * R rows each (default: the published per-expert load of the model, else 512), or the
- * same total rows split over experts in proportion to 1/(e+1)^S (zipf:S); each segment
+ * same total rows split over experts in proportion to 1/(e+1)^S (zipf:S; the heaviest
+ * expert first, or with zipf:S,shuffled the same counts in a fixed pseudo-random order of
+ * experts, as routing puts them, or with ,reversed the lightest first); each segment
  * padded to 64 rows. Inputs are random (never zeros), padding rows zero.
  * Formulas: FLOP = 2 * rows * N * K of the GEMM (rows = routed rows, padding not
  * counted; gate+up N = 2I); TFLOP/s = FLOP / median time; HBM GB/s = (weights or
@@ -81,7 +83,7 @@ static const model_shape kModels[] = {
 static void usage(void) {
   fprintf(stderr,
           "usage: mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]\n"
-          "                      [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]\n"
+          "                      [--rows-per-expert R] [--routing uniform|zipf:S[,shuffled|,reversed]] [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
@@ -518,6 +520,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   const model_shape *m = &kModels[0];
   int H = 0, I = 0, E = 0, R = -1;
   double zipf = 0;
+  int zipf_order = 0; /* 0: expert e holds rank e's count; 1: shuffled; 2: reversed */
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
@@ -615,8 +618,12 @@ static int bench_main(int argc, char **argv, bench *b) {
     }
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
-      else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) zipf = atof(v + 5);
-      else { fprintf(stderr, "bench gemm: --routing uniform|zipf:S (S > 0)\n"); return 2; }
+      else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) {
+        zipf = atof(v + 5);
+        const char *o = strchr(v, ',');
+        zipf_order = !o ? 0 : !strcmp(o, ",shuffled") ? 1 : !strcmp(o, ",reversed") ? 2 : -1;
+        if (zipf_order < 0) { fprintf(stderr, "bench gemm: --routing zipf:S[,shuffled|,reversed]\n"); return 2; }
+      } else { fprintf(stderr, "bench gemm: --routing uniform|zipf:S[,shuffled|,reversed] (S > 0)\n"); return 2; }
     } else { fprintf(stderr, "bench gemm: unknown option %s\n", a); usage(); return 2; }
   }
   mok_gemm_debug_sched(sched, split);
@@ -652,6 +659,20 @@ static int bench_main(int argc, char **argv, bench *b) {
     int64_t given = 0;
     for (int e = 0; e < E; ++e) given += b->cnt_h[e] = (int32_t)floor(total * pow(e + 1.0, -zipf) / norm);
     for (int e = 0; given < total; e = (e + 1) % E, ++given) b->cnt_h[e]++;
+    if (zipf_order == 2)
+      for (int e = 0; e < E / 2; ++e) {
+        const int32_t t = b->cnt_h[e];
+        b->cnt_h[e] = b->cnt_h[E - 1 - e], b->cnt_h[E - 1 - e] = t;
+      }
+    if (zipf_order == 1) { /* Fisher-Yates with a fixed 64-bit LCG: the same order every run */
+      uint64_t st = 0x9e3779b97f4a7c15ull;
+      for (int e = E - 1; e > 0; --e) {
+        st = st * 6364136223846793005ull + 1442695040888963407ull;
+        const int j = (int)((st >> 33) % (uint64_t)(e + 1));
+        const int32_t t = b->cnt_h[e];
+        b->cnt_h[e] = b->cnt_h[j], b->cnt_h[j] = t;
+      }
+    }
   } else {
     for (int e = 0; e < E; ++e) b->cnt_h[e] = R;
   }
@@ -661,7 +682,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows_bal = R;
   b->seg_bal = (R + 63) / 64 * 64;
   b->cap = b->rows_used > b->seg_bal * E ? b->rows_used : b->seg_bal * E;
-  snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R, zipf > 0 ? " zipf" : "");
+  snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R,
+           zipf <= 0 ? "" : zipf_order == 1 ? " zipf-shuf" : zipf_order == 2 ? " zipf-rev" : " zipf");
 
   BCUDA(cudaMalloc(&b->off, sizeof(int32_t) * (E + 1)));
   BCUDA(cudaMalloc(&b->cnt, sizeof(int32_t) * E));
