@@ -1111,6 +1111,29 @@ __device__ __forceinline__ void tok_piece_store(const GemmTileArgs &a, const Til
   }
 }
 
+/* Stages rows 16 q0 .. 16 q1 of a piece at b, the values of `mode` (a constant once
+ * inlined): 0 h = SwiGLU(x, y), 1 g = x, 2 u = y (gate+up, LIMIT: tok_epilogue_gu), 3 x as
+ * it is (down). */
+template <int NT, bool LIMIT>
+__device__ __forceinline__ void tok_stage_piece(uint32_t b, int q0, int q1, int mode, float L,
+                                                const float (&x)[NT / 2], const float (&y)[NT / 2]) {
+#pragma unroll
+  for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
+    uint32_t v[2][2];
+#pragma unroll
+    for (int jj = 0; jj < 2; ++jj)
+#pragma unroll
+      for (int h = 0; h < 2; ++h) {
+        const int j = 4 * (2 * q + jj) + 2 * h;
+        v[jj][h] = mode == 0   ? swiglu_h<LIMIT>(L, x[j], x[j + 1], y[j], y[j + 1])
+                   : mode == 1 ? gu_pack<LIMIT>(L, -INFINITY, x[j], x[j + 1])
+                   : mode == 2 ? gu_pack<LIMIT>(L, -L, y[j], y[j + 1])
+                               : pack_bf16x2(x[j], x[j + 1]);
+      }
+    stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
+  }
+}
+
 /* The gate+up token tile's epilogue, pieces of <= 64 rows x 64 outputs: h = SwiGLU(g, u),
  * then (a.save_gu) g and u. Its code is the tile's longest straight line, and most of its
  * stall samples were instruction fetches (docs/PERF.md, session 15): the limit's code is
@@ -1132,20 +1155,7 @@ __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const Til
       const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
       const uint32_t b = region + buf * kTokBufBytes;
       tok_piece_open(leader, wg);
-#pragma unroll
-      for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
-        uint32_t v[2][2];
-#pragma unroll
-        for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int j = 4 * (2 * q + jj) + 2 * h;
-            v[jj][h] = pass == 0 ? swiglu_h<LIMIT>(L, acc0[j], acc0[j + 1], acc1[j], acc1[j + 1])
-                       : pass == 1 ? gu_pack<LIMIT>(L, -INFINITY, acc0[j], acc0[j + 1])
-                                   : gu_pack<LIMIT>(L, -L, acc1[j], acc1[j + 1]);
-          }
-        stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
-      }
+      tok_stage_piece<NT, LIMIT>(b, q0, q1, pass, L, acc0, acc1);
       tok_piece_store(a, c, b, leader, wg, q0, q1, pass == 0 ? &a.tm_out0 : &a.tm_out1,
                       pass == 0 ? &a.tm_out0h : &a.tm_out1h, pass == 2 ? a.n_out + col : col);
       buf ^= 1;
@@ -1179,18 +1189,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         const int q0 = piece * kPiece, q1 = q0 + kPiece < kUnits ? q0 + kPiece : kUnits;
         const uint32_t b = region + buf * kTokBufBytes;
         tok_piece_open(leader, wg);
-#pragma unroll
-        for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
-          uint32_t v[2][2];
-#pragma unroll
-          for (int jj = 0; jj < 2; ++jj)
-#pragma unroll
-            for (int h = 0; h < 2; ++h) {
-              const int j = 2 * q + jj;
-              v[jj][h] = pack_bf16x2(acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1]);
-            }
-          stage_bf16_trans16(b + (q - q0) * kTokUnit * 128, v);
-        }
+        tok_stage_piece<NT, false>(b, q0, q1, 3, 0.f, acc, acc);
         tok_piece_store(a, c, b, leader, wg, q0, q1, &a.tm_out0, &a.tm_out0h, col);
         buf ^= 1;
       }
