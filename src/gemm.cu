@@ -248,6 +248,7 @@ static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: 
                                  N: <= N rows */
 static int g_tok_ring = 0; /* forward down token tiles alone: 0 = tok_ring_rule, 1 = 128-row stages with an
                              epilogue area (tiles of <= 128 rows), 2 = 176-row stages (mok_gemm_debug_tok_ring) */
+static int g_ddown_tok = 0; /* experiment: down dgrad on token tiles: 0 = rule (off), 1 = on, 2 = off */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
@@ -391,6 +392,10 @@ static int tok_ring_rule(const mokGemmRows_t *rows) {
 
 extern "C" mokResult_t mok_gemm_debug_tok_ring(int mode) {
   return set_mode_knob(&g_tok_ring, mode, 2, "mok_gemm_debug_tok_ring");
+}
+
+extern "C" mokResult_t mok_gemm_debug_ddown_tok(int mode) {
+  return set_mode_knob(&g_ddown_tok, mode, 2, "mok_gemm_debug_ddown_tok");
 }
 
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
@@ -676,6 +681,20 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   a.k_len = hidden;
   a.b_rows = hidden;
   a.limit = swiglu_limit;
+  if (__atomic_load_n(&g_ddown_tok, __ATOMIC_RELAXED) == 1 && inter % 256 == 0) {
+    /* experiment: token tiles (M = 256 columns of I, N = the expert's rows, K = H; the
+     * weights MN-major in tm_b0's 64 x 64 boxes), g and u in 32-row pieces */
+    MOK_CHECK(make_map(&a.tm_tok, dy, hidden, rows->capacity, 32, "dy"));
+    MOK_CHECK(make_map(&a.tm_tok16, dy, hidden, rows->capacity, 16, "dy"));
+    MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 32, "gu"));
+    MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 32, "dgu"));
+    MOK_CHECK(make_map(&a.tm_out0h, dgu, 2 * (uint64_t)inter, rows->capacity, 16, "dgu"));
+    a.tm_out1 = a.tm_out0;
+    a.tm_out1h = a.tm_out0h;
+    a.mix = mix_rule(mokGemmDownFwd);
+    a.stagger = stagger_rule();
+    return launch<kDownDgrad, 256, 1>(a, rows, row_tiles_bound(rows, inter, 256), stream);
+  }
   MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
   MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 64, "dgu"));
   a.tm_out1 = a.tm_out0;

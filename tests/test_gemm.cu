@@ -618,6 +618,24 @@ MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
   }
 }
 
+MOK_GPU_TEST(gemm_gpu_ddown_token_tiles, 1) {
+  /* The experiment mok_gemm_debug_ddown_tok: down dgrad on token tiles (W_down^T as the
+   * MN-major A operand, the expert's rows as N, g and u read back in 32-row pieces), the
+   * whole chain checked against float64: token tiles of every width with expert counts,
+   * without counts (whole segments), I of one and of three 256-column blocks, and with a
+   * SwiGLU limit on a hot expert (cut values saved as +-inf). */
+  static const int counts[15] = {0, 1, 20, 40, 64, 70, 90, 100, 128, 140, 150, 170, 341, 300, 1000};
+  static const int hot[3] = {0, 700, 33};
+  const gemm_case cases[4] = {{15, 512, 256, counts, 0.0f, 24, 32, 0}, {15, 512, 256, counts, 0.0f, 24, 32, 1},
+                              {6, 256, 768, counts + 9, 0.0f, 0, 32, 0}, {3, 256, 256, hot, 1.0f, 40, 0, 0}};
+  for (int i = 0; i < 4; ++i) {
+    CHECK_OK(mok_gemm_debug_ddown_tok(1));
+    const char *err = run_case(&cases[i], test_seed() ^ 0xdd70c ^ (uint64_t)i);
+    CHECK_OK(mok_gemm_debug_ddown_tok(0));
+    CHECK_MSG(err == NULL, "case %d: %s", i, err);
+  }
+}
+
 MOK_GPU_TEST(gemm_gpu_clamp_hot_expert, 1) {
   /* one hot expert holds every row; SwiGLU clamp L = 1 cuts many g and u */
   static const int counts[3] = {0, 1500, 0};

@@ -90,6 +90,7 @@ static void usage(void) {
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
+          "                      [--ddown-tok on|off]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -588,6 +589,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--mix-ctas")) {
       mix_ctas = atoi(v);
       if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
+    } else if (!strcmp(a, "--ddown-tok")) {
+      const int m = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
+      if (m < 0 || mok_gemm_debug_ddown_tok(m) != mokSuccess) { fprintf(stderr, "bench gemm: --ddown-tok on|off\n"); return 2; }
     } else if (!strcmp(a, "--gu-box")) {
       gu_box = !strcmp(v, "one") ? 1 : !strcmp(v, "four") ? 2 : !strcmp(v, "two") ? 3 : -1;
       if (gu_box < 0) { fprintf(stderr, "bench gemm: --gu-box one|two|four\n"); return 2; }

@@ -568,6 +568,21 @@ __device__ __forceinline__ float bf16_hi(uint32_t v) { return __uint_as_float(v 
  * bf16 gradient). 1 + e^-x past 2^126 gives 0, sigmoid's limit. */
 __device__ __forceinline__ float sigmoid_f(float x) { return __fdividef(1.0f, 1.0f + __expf(-x)); }
 
+/* SwiGLU backward of one value: dg, du from the gradient da of h = silu(g) * u and the saved
+ * g, u. LIM: the forward saved a value its limit L cut as +-inf, so the mask is exactly its
+ * (the reference's clamp derivative). */
+template <bool LIM>
+__device__ __forceinline__ void swiglu_bwd(float da, float g, float u, float L, float &dg, float &du) {
+  float gc = g, uc = u, gmask = 1.f, umask = 1.f;
+  if (LIM && L > 0.f) {
+    if (isinf(g)) { gc = L; gmask = 0.f; }
+    if (isinf(u)) { uc = u > 0.f ? L : -L; umask = 0.f; }
+  }
+  const float sg = sigmoid_f(gc);
+  dg = da * uc * (sg * (1.f + gc * (1.f - sg))) * gmask;
+  du = da * (gc * sg) * umask;
+}
+
 __device__ __forceinline__ uint32_t stg_addr(uint32_t chunk, int row, int unit) {
   return chunk + row * 128 + ((unit ^ (row & 7)) << 4);
 }
@@ -758,19 +773,9 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
           const int j = 8 * cc + 2 * jp + (i >> 1), h = i & 1;
           float dg[2], du[2];
 #pragma unroll
-          for (int e = 0; e < 2; ++e) {
-            const float g = e ? bf16_hi(gw[i]) : bf16_lo(gw[i]), u = e ? bf16_hi(uw[i]) : bf16_lo(uw[i]);
-            const float da = acc[4 * j + 2 * h + e];
-            float gc = g, uc = u, gmask = 1.f, umask = 1.f;
-            if (LIM && L > 0.f) {
-              /* the forward saved a cut value as +-inf: the mask is exactly its */
-              if (isinf(g)) { gc = L; gmask = 0.f; }
-              if (isinf(u)) { uc = u > 0.f ? L : -L; umask = 0.f; }
-            }
-            const float sg = sigmoid_f(gc);
-            dg[e] = da * uc * (sg * (1.f + gc * (1.f - sg))) * gmask;
-            du[e] = da * (gc * sg) * umask;
-          }
+          for (int e = 0; e < 2; ++e)
+            swiglu_bwd<LIM != 0>(acc[4 * j + 2 * h + e], e ? bf16_hi(gw[i]) : bf16_lo(gw[i]),
+                                 e ? bf16_hi(uw[i]) : bf16_lo(uw[i]), L, dg[e], du[e]);
           og[i] = pack_bf16x2(dg[0], dg[1]);
           ou[i] = pack_bf16x2(du[0], du[1]);
         }
@@ -978,7 +983,8 @@ struct TokConfig {
   static constexpr int kEpiOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
   static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
-  static_assert(KIND == kGateUpFwd || KIND == kDownFwd, "token tiles: forward gate+up and down");
+  static_assert(KIND == kGateUpFwd || KIND == kDownFwd || KIND == kDownDgrad,
+                "token tiles: forward gate+up and down, down dgrad");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
   static_assert(2 * kTokBufBytes == kWBytes / 2, "epilogue buffers: a warpgroup's weight rows of a stage");
   static_assert((2 * kStages + 2 + 2 * kSchedSlots) * 8 + kSchedSlots * kSlotInts * 4 + 2 * 32 + 32 <= kMailOffset,
@@ -1053,6 +1059,10 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
         tma_load_2d(sw + ch * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * ch);
         tma_load_2d(sw + (ch * 2 + 1) * kChunkBytes, &a.tm_b1, bar, kk, row + 64 * ch);
       }
+    } else if (KIND == kDownDgrad) { /* W_down^T, MN-major: columns n0 + 64 ch of W_down rows kk .. kk+64 */
+#pragma unroll
+      for (int ch = 0; ch < 4; ++ch)
+        tma_load_2d(sw + ch * kChunkBytes, &a.tm_b0, bar, c.n0 + 64 * ch, c.expert * a.k_len + kk);
     } else {
       tma_load_2d(sw, &a.tm_b0, bar, kk, row); /* W_down rows n0 .. n0+256, one box */
     }
@@ -1217,6 +1227,100 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   else if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
 }
 
+/* The down dgrad token tile's epilogue (experiment, mok_gemm_debug_ddown_tok): the
+ * accumulators are dA^T (this warpgroup's 128 columns i of I as two m64 blocks x NT rows);
+ * dG and dU = SwiGLU'(dA, g, u) go to dgu's columns i and I + i. Pieces of 32 rows x 64
+ * columns: g and u of a piece land by TMA (tm_aux, 32-row boxes; prefetched into L2 when
+ * the tile started) in 4 KB buffers in the tile's last stage (this warpgroup's 16 KB of
+ * weight rows, two pieces in turn), ldmatrix.trans reads them in the accumulators' layout
+ * (the inverse of stage_bf16_trans16's stmatrix.trans), dG and dU overwrite them in place
+ * and are stored by TMA; the next piece's loads fly meanwhile. aux: this warpgroup's
+ * barrier, aux_ph its parity (kept across tiles). */
+constexpr int kDdHalf = 2 * kTokUnit * 128; /* a 32-row x 64-column piece of g or u: 4 KB */
+/* The leader: g and u of piece p (columns col, 32 rows from row) into buffer p & 1 at rp,
+ * once the stores that last read that buffer (piece p - 2's, the last issued) are done. */
+__device__ __forceinline__ void tok_dd_load(const GemmTileArgs &a, char *rp, uint64_t *aux, int p, int col,
+                                            int row) {
+  char *b = rp + (p & 1) * 2 * kDdHalf;
+  bulk_wait_group_read<0>();
+  mbarrier_arrive_expect_tx(aux, 2 * kDdHalf);
+  tma_load_2d(b, &a.tm_aux, aux, col, row);
+  tma_load_2d(b + kDdHalf, &a.tm_aux, aux, a.n_out + col, row);
+}
+template <int NT, bool LIM>
+__device__ __forceinline__ void tok_epilogue_dd(const GemmTileArgs &a, const TileCoord &c, char *rp, int wg,
+                                                uint64_t *aux, WaitCtx &w, const float (&acc0)[NT / 2],
+                                                const float (&acc1)[NT / 2], int &aux_ph) {
+  constexpr int kUnits = NT / kTokUnit, kPieces = (kUnits + 1) / 2, kHalf = kDdHalf;
+  const bool leader = (threadIdx.x & 127) == 0;
+  const float L = a.limit;
+  const uint32_t region = smem_u32(rp);
+  const int col0 = c.n0 + 128 * wg;
+  const int nb = col0 >= a.n_out || a.epi_debug == 2 ? 0 : col0 + 64 >= a.n_out ? 1 : 2, np = nb * kPieces;
+  if (leader && np > 0) tok_dd_load(a, rp, aux, 0, col0, c.m0);
+#pragma unroll
+  for (int p = 0; p < 2 * kPieces; ++p) {
+    if (p >= np) break;
+    const int ib = p / kPieces, q0 = 2 * (p % kPieces), q1 = q0 + 2 < kUnits ? q0 + 2 : kUnits;
+    const uint32_t b = region + (p & 1) * 2 * kHalf;
+    bar_wait(aux, (uint32_t)aux_ph, w, MOK_WAIT_GEMM_LOAD);
+    aux_ph ^= 1;
+    wg_sync(wg); /* every thread past this phase before the leader arms the next */
+    if (leader && p + 1 < np)
+      tok_dd_load(a, rp, aux, p + 1, col0 + 64 * ((p + 1) / kPieces), c.m0 + 2 * kTokUnit * ((p + 1) % kPieces));
+    const float(&acc)[NT / 2] = ib ? acc1 : acc0;
+#pragma unroll
+    for (int q = q0; q < q1; ++q) { /* rows 16q .. 16q + 15 */
+      const int lane = threadIdx.x & 31, warp = (threadIdx.x >> 5) & 3, s = lane >> 3;
+      const uint32_t ga = stg_addr(b + (q - q0) * kTokUnit * 128, 8 * (s >> 1) + (lane & 7), 2 * warp + (s & 1));
+      uint32_t gw[4], uw[4], og[4], ou[4];
+      ldmatrix_x4_trans(ga, gw);
+      ldmatrix_x4_trans(ga + kHalf, uw);
+#pragma unroll
+      for (int r = 0; r < 4; ++r) { /* word r: rows group jj = r / 2 of the unit, output half h = r % 2 */
+        const int j = 4 * (2 * q + (r >> 1)) + 2 * (r & 1);
+        float dg[2], du[2];
+#pragma unroll
+        for (int e = 0; e < 2; ++e)
+          swiglu_bwd<LIM>(acc[j + e], e ? bf16_hi(gw[r]) : bf16_lo(gw[r]), e ? bf16_hi(uw[r]) : bf16_lo(uw[r]), L, dg[e],
+                          du[e]);
+        og[r] = pack_bf16x2(dg[0], dg[1]);
+        ou[r] = pack_bf16x2(du[0], du[1]);
+      }
+      stmatrix_x4_trans(ga, og[0], og[1], og[2], og[3]);
+      stmatrix_x4_trans(ga + kHalf, ou[0], ou[1], ou[2], ou[3]);
+    }
+    fence_proxy_async_shared();
+    wg_sync(wg);
+    if (leader) {
+      const int col = col0 + 64 * ib;
+      for (int h = 0; h < 2; ++h) {
+        const uint32_t src = b + h * kHalf;
+        const int x = h ? a.n_out + col : col;
+        if (q1 - q0 == 2) tma_store_2d(&a.tm_out0, src, x, c.m0 + kTokUnit * q0);
+        else tma_store_2d(&a.tm_out0h, src, x, c.m0 + kTokUnit * q0);
+      }
+      bulk_commit_group();
+    }
+  }
+  if (c.z_end > c.m_end && nb > 0) { /* padding rows past the computed ones: zeros */
+    if (leader) bulk_wait_group_read<0>();
+    wg_sync(wg);
+    st_shared_zero16(region + (threadIdx.x & 127) * 16); /* 16 rows x 128 bytes */
+    fence_proxy_async_shared();
+    wg_sync(wg);
+    if (leader) {
+      for (int ib = 0; ib < nb; ++ib)
+        for (int row = c.m_end; row < c.z_end; row += kTokUnit) {
+          tma_store_2d(&a.tm_out0h, region, col0 + 64 * ib, row);
+          tma_store_2d(&a.tm_out0h, region, a.n_out + col0 + 64 * ib, row);
+        }
+      bulk_commit_group();
+    }
+  }
+  if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
+}
+
 /* reg_fence on every accumulator of both m64 blocks (keeps the compiler from moving their
  * reads and writes across the asynchronous wgmmas). */
 template <int N>
@@ -1250,6 +1354,15 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   const bool clk = a.sclk && threadIdx.x == 128;
   /* compiled only into tiles of <= kTokEagerMaxRows rows: the larger tiles' loop is untouched */
   const bool eager = NT <= kTokEagerMaxRows && NT <= a.eager_rows;
+  if constexpr (KIND == kDownDgrad) { /* the epilogue's g and u into L2 while the tile runs */
+    const int col = c.n0 + 128 * wg;
+    if (leader && col < a.n_out)
+      for (int r = c.m0; r < c.m_end; r += 2 * kTokUnit)
+        for (int ib = 0; ib < 2 && col + 64 * ib < a.n_out; ++ib) {
+          tma_prefetch_l2_2d(&a.tm_aux, col + 64 * ib, r);
+          tma_prefetch_l2_2d(&a.tm_aux, a.n_out + col + 64 * ib, r);
+        }
+  }
   for (int kb = 0; kb < k_blocks; ++kb) {
     const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
@@ -1258,11 +1371,20 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
     const uint32_t st = smem_u32(smem + p.stage * TC::kStageBytes + TC::kWBytes);
     reg_fence_all(acc0, acc1);
     wgmma_fence();
+    if constexpr (KIND == kDownDgrad) { /* A = W_down^T, MN-major: 64-column chunks, a k16 step 16 rows */
 #pragma unroll
-    for (int k16 = 0; k16 < kBK / 16; ++k16) {
-      const uint64_t db = wgmma_desc_sw128(st + k16 * 32, 16, 1024);
-      wgmma_bf16<NT, 0, 0>(acc0, wgmma_desc_sw128(sw + k16 * 32, 16, 1024), db, 1);
-      wgmma_bf16<NT, 0, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 32, 16, 1024), db, 1);
+      for (int k16 = 0; k16 < kBK / 16; ++k16) {
+        const uint64_t db = wgmma_desc_sw128(st + k16 * 32, 16, 1024);
+        wgmma_bf16<NT, 1, 0>(acc0, wgmma_desc_sw128(sw + k16 * 2048, kChunkBytes, 1024), db, 1);
+        wgmma_bf16<NT, 1, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 2048, kChunkBytes, 1024), db, 1);
+      }
+    } else {
+#pragma unroll
+      for (int k16 = 0; k16 < kBK / 16; ++k16) {
+        const uint64_t db = wgmma_desc_sw128(st + k16 * 32, 16, 1024);
+        wgmma_bf16<NT, 0, 0>(acc0, wgmma_desc_sw128(sw + k16 * 32, 16, 1024), db, 1);
+        wgmma_bf16<NT, 0, 0>(acc1, wgmma_desc_sw128(sw + 64 * 128 + k16 * 32, 16, 1024), db, 1);
+      }
     }
     wgmma_commit_group();
     if (eager) { /* few rows: the MMAs are short, the stream is bound by loads in flight */
@@ -1285,8 +1407,16 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   } else {
     /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
     const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
-    if (KIND == kGateUpFwd && a.limit > 0.f) tok_epilogue<KIND, NT, false, true>(a, c, region, wg, acc0, acc1, ebuf);
-    else tok_epilogue<KIND, NT>(a, c, region, wg, acc0, acc1, ebuf);
+    if constexpr (KIND == kDownDgrad) { /* ebuf: this warpgroup's aux parity */
+      uint64_t *aux = full + 2 * TC::kStages + wg;
+      char *rp = smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2);
+      if (a.limit > 0.f) tok_epilogue_dd<NT, true>(a, c, rp, wg, aux, w, acc0, acc1, ebuf);
+      else tok_epilogue_dd<NT, false>(a, c, rp, wg, aux, w, acc0, acc1, ebuf);
+    } else if (KIND == kGateUpFwd && a.limit > 0.f) {
+      tok_epilogue<KIND, NT, false, true>(a, c, region, wg, acc0, acc1, ebuf);
+    } else {
+      tok_epilogue<KIND, NT>(a, c, region, wg, acc0, acc1, ebuf);
+    }
     if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
   }
 }
@@ -1433,7 +1563,7 @@ template <int KIND, int BN, int TOK>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
   /* token tiles: BN = 128 picks the ring of 128-row stages (kTokRing128), else 256 */
   constexpr int kRing = TOK != 0 && BN == 128 ? kTokRing128 : kTokMaxUnits;
-  using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd ? kDownFwd : kGateUpFwd, kRing>,
+  using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd || KIND == kDownDgrad ? KIND : kGateUpFwd, kRing>,
                                TileConfig<KIND, BN>>::type;
   extern __shared__ char smem_raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
@@ -1479,7 +1609,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
     int mix_T = 0, mix_C = 0, mix_P = 0;
-    if (TOK && a.mix && tickets) tok_mix_counts<KIND == kDownFwd ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
+    if (TOK && a.mix && tickets)
+      tok_mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
