@@ -115,6 +115,7 @@ static void usage(void) {
           "  mix order's one-tile experts' weights loaded L2 evict-first (--cold-evict); the down\n"
           "  GEMM's token tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring;\n"
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
+          "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"

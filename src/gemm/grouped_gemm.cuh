@@ -1719,7 +1719,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   } else {
     setmaxnreg_inc<TOK == 2 ? kPairConsumerRegs : kConsumerRegs>();
     EpiState st = {0, 0u};
-    int ebuf = 0; /* token tiles with an epilogue area of their own: its next buffer */
+    int ebuf = 0; /* token tiles with an epilogue area of their own: its next buffer; down
+                     dgrad token tiles: the parity of this warpgroup's aux barrier */
     for (;;) {
       w.tile = (uint32_t)sp.stage;
       const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
