@@ -1144,6 +1144,17 @@ __device__ __forceinline__ void tok_stage_piece(uint32_t b, int q0, int q1, int 
   }
 }
 
+/* 16 zero rows x 128 bytes at b for the padding rows' stores, once the stores before the
+ * last PENDING groups have read b. */
+template <int PENDING>
+__device__ __forceinline__ void tok_zero_piece(uint32_t b, bool leader, int wg) {
+  if (leader) bulk_wait_group_read<PENDING>();
+  wg_sync(wg);
+  st_shared_zero16(b + (threadIdx.x & 127) * 16);
+  fence_proxy_async_shared();
+  wg_sync(wg);
+}
+
 /* The gate+up token tile's epilogue, pieces of <= 64 rows x 64 outputs: h = SwiGLU(g, u),
  * then (a.save_gu) g and u. Its code is the tile's longest straight line, and most of its
  * stall samples were instruction fetches (docs/PERF.md, session 15): the limit's code is
@@ -1207,11 +1218,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   }
   if (c.z_end > c.m_end) { /* padding rows past the computed ones: stores of a zeroed piece */
     const uint32_t b = region + buf * kTokBufBytes;
-    if (leader) bulk_wait_group_read<1>();
-    wg_sync(wg);
-    st_shared_zero16(b + (threadIdx.x & 127) * 16); /* 16 rows x 128 bytes */
-    fence_proxy_async_shared();
-    wg_sync(wg);
+    tok_zero_piece<1>(b, leader, wg);
     if (leader) {
       for (int i = 0; i < (KIND == kGateUpFwd ? 1 : 2); ++i) {
         const int col = c.n0 + (KIND == kGateUpFwd ? 64 * wg : 128 * wg + 64 * i);
@@ -1304,11 +1311,7 @@ __device__ __forceinline__ void tok_epilogue_dd(const GemmTileArgs &a, const Til
     }
   }
   if (c.z_end > c.m_end && nb > 0) { /* padding rows past the computed ones: zeros */
-    if (leader) bulk_wait_group_read<0>();
-    wg_sync(wg);
-    st_shared_zero16(region + (threadIdx.x & 127) * 16); /* 16 rows x 128 bytes */
-    fence_proxy_async_shared();
-    wg_sync(wg);
+    tok_zero_piece<0>(region, leader, wg);
     if (leader) {
       for (int ib = 0; ib < nb; ++ib)
         for (int row = c.m_end; row < c.z_end; row += kTokUnit) {
