@@ -72,9 +72,14 @@ all: $(B)/libmok.so $(B)/libmok.a $(B)/mok
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
+# ptxas's C7510 ("wgmma ... serialized due to wgmma pipeline crossing function boundary")
+# fails the build as a spill does: a GEMM tile function left out of line serialises every
+# wgmma and passes its accumulators through local memory (session 16, docs/PERF.md)
 $(B)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
-	$(NVCC) $(NVFLAGS) -c $< -o $@
+	$(NVCC) $(NVFLAGS) -c $< -o $@ 2> $@.log; s=$$?; cat $@.log >&2; \
+	  if grep -q C7510 $@.log; then echo "$<: wgmma serialised across a function call (ptxas C7510)" >&2; rm -f $@; exit 1; fi; \
+	  exit $$s
 
 $(B)/libmok.so: $(LIB_OBJ)
 	$(CC) -shared -o $@ $^ $(RPATH) $(LDLIBS)

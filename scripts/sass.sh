@@ -2,7 +2,8 @@
 # sass.sh — the SASS of the GEMM kernels without a GPU: compiles src/gemm.cu for sm_90a to a
 # cubin, disassembles it with nvdisasm and prints, per kernel, the instruction count and the
 # counts of the instructions that told us most (TMA loads and the per-load loop ptxas wraps
-# around a load issued from a divergent branch, barrier tests, HGMMAs, local-memory traffic).
+# around a load issued from a divergent branch, barrier tests, HGMMAs, local-memory traffic,
+# calls: a GEMM kernel should call nothing but the 64-bit division helper).
 # With a pattern (grep -E) as argument, also writes the SASS of the first matching kernel to
 # $OUT/<kernel>.sass.
 # nvdisasm: $NVDISASM, else on PATH, else the one in PyPI's nvidia-cuda-nvdisasm wheel,
@@ -35,7 +36,7 @@ for line in open(out + "/gemm.sass"):
         cur = m.group(1); kern[cur] = []
     elif cur and re.search(r"/\*[0-9a-f]{4,}\*/", line):
         kern[cur].append(re.sub(r"/\*.*?\*/", "", line).strip().rstrip(";").strip())
-keys = ["UTMALDG", "UTMASTG", "ELECT", "BRA.U.ANY", "SYNCS.PHASECHK", "HGMMA", "STL", "LDL"]
+keys = ["UTMALDG", "UTMASTG", "ELECT", "BRA.U.ANY", "SYNCS.PHASECHK", "HGMMA", "STL", "LDL", "CALL"]
 print("%-72s %6s " % ("kernel", "instr") + " ".join("%9s" % k[:9] for k in keys))
 for k, ins in kern.items():
     print("%-72s %6d " % (k[:72], len(ins)) + " ".join("%9d" % sum(1 for i in ins if k2 in i) for k2 in keys))

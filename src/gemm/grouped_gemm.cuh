@@ -1427,7 +1427,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
 /* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
  * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128). */
 template <int KIND, bool PAIR, int RING = kTokMaxUnits>
-__device__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
+__device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   if constexpr (RING == kTokRing128) { /* tiles of <= 128 rows */
