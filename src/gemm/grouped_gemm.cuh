@@ -1234,15 +1234,6 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   else if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
 }
 
-/* The down dgrad token tile's epilogue (experiment, mok_gemm_debug_ddown_tok): the
- * accumulators are dA^T (this warpgroup's 128 columns i of I as two m64 blocks x NT rows);
- * dG and dU = SwiGLU'(dA, g, u) go to dgu's columns i and I + i. Pieces of 32 rows x 64
- * columns: g and u of a piece land by TMA (tm_aux, 32-row boxes; prefetched into L2 when
- * the tile started) in 4 KB buffers in the tile's last stage (this warpgroup's 16 KB of
- * weight rows, two pieces in turn), ldmatrix.trans reads them in the accumulators' layout
- * (the inverse of stage_bf16_trans16's stmatrix.trans), dG and dU overwrite them in place
- * and are stored by TMA; the next piece's loads fly meanwhile. aux: this warpgroup's
- * barrier, aux_ph its parity (kept across tiles). */
 constexpr int kDdHalf = 2 * kTokUnit * 128; /* a 32-row x 64-column piece of g or u: 4 KB */
 /* The leader: g and u of piece p (columns col, 32 rows from row) into buffer p & 1 at rp,
  * once the stores that last read that buffer (piece p - 2's, the last issued) are done. */
@@ -1254,6 +1245,15 @@ __device__ __forceinline__ void tok_dd_load(const GemmTileArgs &a, char *rp, uin
   tma_load_2d(b, &a.tm_aux, aux, col, row);
   tma_load_2d(b + kDdHalf, &a.tm_aux, aux, a.n_out + col, row);
 }
+/* The down dgrad token tile's epilogue (experiment, mok_gemm_debug_ddown_tok): the
+ * accumulators are dA^T (this warpgroup's 128 columns i of I as two m64 blocks x NT rows);
+ * dG and dU = SwiGLU'(dA, g, u) go to dgu's columns i and I + i. Pieces of 32 rows x 64
+ * columns: g and u of a piece land by TMA (tm_aux, 32-row boxes; prefetched into L2 when
+ * the tile started) in 4 KB buffers in the tile's last stage (this warpgroup's 16 KB of
+ * weight rows, two pieces in turn), ldmatrix.trans reads them in the accumulators' layout
+ * (the inverse of stage_bf16_trans16's stmatrix.trans), dG and dU overwrite them in place
+ * and are stored by TMA; the next piece's loads fly meanwhile. aux: this warpgroup's
+ * barrier, aux_ph its parity (kept across tiles). */
 template <int NT, bool LIM>
 __device__ __forceinline__ void tok_epilogue_dd(const GemmTileArgs &a, const TileCoord &c, char *rp, int wg,
                                                 uint64_t *aux, WaitCtx &w, const float (&acc0)[NT / 2],
