@@ -7,6 +7,8 @@
 # An entry "tag=dir|options" adds bench options for that entry (a knob of one build: each dir
 # is built once). $TESTS: a test-name filter run on the first entry's build first.
 # Example: TREES="base=.ab/base;P=.ab/P;Pk=.ab/P|--knob on" scripts/ab-trees.sh "glm512:--model glm-5.2"
+# A patch into such a tree: (cd .ab/P && patch -p1 < F.diff). Not `git apply`: inside .ab/ (a
+# folder of this checkout) it takes paths from the repository root and skips them all, silently.
 OUT=${OUT:-/tmp/ab-trees}; mkdir -p "$OUT"
 exec > >(tee -a "$OUT/log") 2>&1
 ITERS=${ITERS:-20}
