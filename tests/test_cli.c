@@ -75,6 +75,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --routing zipf:1.2,sideways", "--routing zipf:S[,shuffled|,reversed]"},
       {"bench gemm --routing zipf:0", "--routing uniform|zipf:S"},
       {"bench gemm --ddown-tok maybe", "--ddown-tok on|off"},
+      {"bench gemm --seed x1", "--seed N|clock"},
+      {"bench gemm --seed -3", "--seed N|clock"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
       {"bench stream --mixed --k 100", "--k a multiple of 64"}, /* --mixed takes no value */

@@ -90,7 +90,7 @@ static void usage(void) {
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
-          "                      [--ddown-tok on|off]\n"
+          "                      [--ddown-tok on|off] [--seed N|clock]\n"
           "                      [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -116,6 +116,7 @@ static void usage(void) {
           "  GEMM's token tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring;\n"
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
           "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
+          "  --seed: the inputs' random seed (default clock: another each run; printed in the header)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
@@ -526,6 +527,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
+  unsigned long long seed_arg = 0;
+  int seed_given = 0;
   int tok_ring = 0, row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
@@ -544,6 +547,12 @@ static int bench_main(int argc, char **argv, bench *b) {
     else if (!strcmp(a, "--experts")) E = atoi(v);
     else if (!strcmp(a, "--rows-per-expert")) R = atoi(v);
     else if (!strcmp(a, "--iters")) b->iters = atoi(v);
+    else if (!strcmp(a, "--seed")) {
+      char *end = NULL;
+      seed_given = strcmp(v, "clock") != 0;
+      if (seed_given) seed_arg = strtoull(v, &end, 0);
+      if (seed_given && (!*v || *end || *v == '-')) { fprintf(stderr, "bench gemm: --seed N|clock\n"); return 2; }
+    }
     else if (!strcmp(a, "--limit")) b->limit = (float)atof(v);
     else if (!strcmp(a, "--sched")) { /* diagnostics: how tiles reach CTAs */
       sched = !strcmp(v, "static") ? 1 : !strcmp(v, "tickets") ? 2 : !strcmp(v, "auto") ? 0 : -1;
@@ -718,7 +727,9 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows.expert_offset = b->off;
   b->rows.expert_count = counts ? b->cnt : NULL;
   b->rows.expert_count_host = counts ? b->cnt_h : NULL;
-  const uint64_t seed = 0x5eed0000ull ^ (uint64_t)time(NULL);
+  /* --seed N repeats a run's data. (Not its speed: the same data in another process ran
+   * cuBLAS 686-769 TFLOP/s; docs/PERF.md, session 17) */
+  const uint64_t seed = seed_given ? (uint64_t)seed_arg : 0x5eed0000ull ^ (uint64_t)time(NULL);
   BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->wg, (int64_t)E * b->I, b->H, seed + 3, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
@@ -752,9 +763,9 @@ static int bench_main(int argc, char **argv, bench *b) {
   cudaDeviceProp prop;
   BCUDA(cudaGetDeviceProperties(&prop, 0));
   printf("# mok bench gemm: %s, %d SMs; E_l=%d H=%d I=%d, %lld routed rows (%s), %lld rows after padding to 64, "
-         "limit %g, median of %d (ours and cuBLAS in turn, GPU time)\n",
+         "limit %g, seed %llu, median of %d (ours and cuBLAS in turn, GPU time)\n",
          prop.name, prop.multiProcessorCount, E, b->H, b->I, (long long)total,
-         zipf > 0 ? "zipf" : "balanced", (long long)b->rows_used, (double)b->limit, b->iters);
+         zipf > 0 ? "zipf" : "balanced", (long long)b->rows_used, (double)b->limit, (unsigned long long)seed, b->iters);
   printf("%-20s %-24s %8s %8s %8s %8s %6s %8s %9s\n", "kind", "shape", "ms", "TFLOP/s", "cuBLASms", "TFLOP/s", "ratio",
          "HBM GB/s", "rel.err");
   for (int k = 0; k < K_N; ++k)
