@@ -2,8 +2,9 @@
 # ab-flags.sh — variants of `mok bench gemm` options on one build, in one device run:
 # builds this tree, optionally runs tests ($TESTS: a test-name filter), then for each
 # configuration given as an argument ("tag:options") runs every variant of $VARIANTS
-# ("name=options;name=options;...") in turn, twice (V1 V2 .. V1 V2 ..). Full log in
-# $OUT/log, JSON in $OUT/json; a table of TFLOP/s (both runs) and ratios to cuBLAS last.
+# ("name=options;name=options;...") in turn, $REPS times (default 2: V1 V2 .. V1 V2 ..;
+# each a process of its own, and processes differ by up to +-6%: docs/PERF.md, session
+# 17). Full log in $OUT/log, JSON in $OUT/json; a table of TFLOP/s and ratios to cuBLAS last.
 # Example: VARIANTS="pp=--pingpong on;coop=--pingpong off" scripts/ab-flags.sh \
 #            "qwen320:--model qwen3.5-397b-a17b" "kimi:--model kimi-k2.7-code"
 OUT=${OUT:-/tmp/ab-out}; mkdir -p "$OUT"
@@ -20,7 +21,7 @@ J=$OUT/json; mkdir -p $J
 IFS=';' read -ra VS <<< "$VARIANTS"
 for cfg in "$@"; do
   tag=${cfg%%:*}; opts=${cfg#*:}
-  for rep in 1 2; do
+  for rep in $(seq 1 "${REPS:-2}"); do
     for v in "${VS[@]}"; do
       name=${v%%=*}; vo=${v#*=}
       echo "-- $tag $name$rep: $opts $vo"

@@ -1,7 +1,10 @@
 #!/usr/bin/env python3
 """ab-table.py — the table of ab-flags.sh and ab-trees.sh: reads `mok bench gemm --json`
-files named TAG.NAME.REP.json (REP 1, 2) in DIR and prints, per configuration and kind, each
-name's TFLOP/s of both runs and its ratio to cuBLAS of the same runs ("!": a check failed).
+files named TAG.NAME.REP.json (REP 1, 2, ..: one process each, $REPS of the scripts) in DIR
+and prints, per configuration and kind, each name's TFLOP/s of its runs (two: both; more:
+median and range) and its ratio to cuBLAS of the same runs, sum over sum ("!": a check
+failed). Ours and cuBLAS move together by up to +-6% from one process to the next
+(docs/PERF.md, session 17): the ratio is the steadier figure.
 Usage: ab-table.py DIR "name=...;name=..." (the names in that order)."""
 import collections, glob, json, os, sys
 
@@ -16,10 +19,20 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
         continue
     for r in rs:
         d[(tag, r["kind"])][(name, rep)] = (r["tflops"], r["cublas_tflops"], r["ok"])
-print("%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) + "   (TFLOP/s run1 run2 / ratio to cuBLAS)")
+reps = sorted({rep for v in d.values() for (_, rep) in v}, key=int) or ["1", "2"]
+if len(reps) < 2:
+    reps = ["1", "2"]
+head = "run1 run2" if len(reps) == 2 else "median (lo-hi) of %d runs" % len(reps)
+print("%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) + "   (TFLOP/s %s / ratio to cuBLAS)" % head)
 for (tag, kind), v in sorted(d.items()):
     row = "%-12s %-8s" % (tag, kind)
     for n in names:
-        a, b = v.get((n, "1"), (0, 1, True)), v.get((n, "2"), (0, 1, True))
-        row += " %6.1f %6.1f %5.3f%s" % (a[0], b[0], (a[0] + b[0]) / max(a[1] + b[1], 1), "" if a[2] and b[2] else "!")
+        rs = [v.get((n, r), (0, 1, True)) for r in reps]
+        ours = sorted(r[0] for r in rs)
+        ratio = sum(r[0] for r in rs) / max(sum(r[1] for r in rs), 1)
+        bad = "" if all(r[2] for r in rs) else "!"
+        if len(reps) == 2:
+            row += " %6.1f %6.1f %5.3f%s" % (rs[0][0], rs[1][0], ratio, bad)
+        else:
+            row += " %5.0f (%3.0f-%3.0f) %5.3f%s" % (ours[len(ours) // 2], ours[0], ours[-1], ratio, bad)
     print(row)

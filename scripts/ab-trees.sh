@@ -3,7 +3,8 @@
 # T1 T2 ..), to bisect a change whose parts each need their own build. TREES="tag=dir;
 # tag=dir;..." (each dir a source tree, e.g. `git archive <commit> | tar -x -C .ab/x`; carry
 # them); arguments as ab-gemm.sh: "tag:bench options". Full log in $OUT/log, the medians'
-# TFLOP/s and ratios to cuBLAS of both runs in a table last.
+# TFLOP/s and ratios to cuBLAS of the runs in a table last. $REPS: the rounds (default 2;
+# each run a process of its own: processes differ by up to +-6%, docs/PERF.md session 17).
 # An entry "tag=dir|options" adds bench options for that entry (a knob of one build: each dir
 # is built once). $TESTS: a test-name filter run on the first entry's build first.
 # Example: TREES="base=.ab/base;P=.ab/P;Pk=.ab/P|--knob on" scripts/ab-trees.sh "glm512:--model glm-5.2"
@@ -30,7 +31,7 @@ if [ -n "$TESTS" ]; then d=${TS[0]#*=}; d=${d%%|*}; (cd "$d" && timeout 200 buil
 J=$OUT/json; mkdir -p "$J"
 for cfg in "$@"; do
   tag=${cfg%%:*}; opts=${cfg#*:}
-  for rep in 1 2; do
+  for rep in $(seq 1 "${REPS:-2}"); do
     for t in "${TS[@]}"; do
       name=${t%%=*}; d=${t#*=}; xo=; case "$d" in *"|"*) xo=${d#*|};; esac; d=${d%%|*}
       echo "-- $tag $name$rep: $opts $xo"
