@@ -182,7 +182,9 @@ mokResult_t mok_gemm_debug_cold_evict(int mode);
  * boxes (2) or two 3-D boxes (3); 0 = the library's rule (1). Process-wide. */
 mokResult_t mok_gemm_debug_gu_box(int mode);
 /* Experiment: the down dgrad GEMM on token tiles (1; where I is a multiple of 256), as
- * row-grouped 128 x 128 tiles (2), or by the library's rule (0: row-grouped). Process-wide. */
+ * row-grouped 128 x 128 tiles (2), or by the library's rule (0: row-grouped). Token tiles
+ * ran qwen3.5 R320 +7% and kimi +4%, glm -7%, deepseek-v4-pro -4% and qwen3.5 under Zipf
+ * routing -18% (docs/PERF.md, session 17), so the rule does not pick them. Process-wide. */
 mokResult_t mok_gemm_debug_ddown_tok(int mode);
 /* Benchmarks: the forward down GEMM's token tiles in a ring of 128-row stages with an
  * epilogue area of their own (1; tiles cut at <= 128 rows, the last stage given back
