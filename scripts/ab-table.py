@@ -19,8 +19,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
         continue
     for r in rs:
         d[(tag, r["kind"])][(name, rep)] = (r["tflops"], r["cublas_tflops"], r["ok"])
-reps = sorted({rep for v in d.values() for (_, rep) in v}, key=int) or ["1", "2"]
-if len(reps) < 2:
+reps = sorted({rep for v in d.values() for (_, rep) in v}, key=int)
+if len(reps) < 2:  # the two-run layout, missing runs as 0
     reps = ["1", "2"]
 head = "run1 run2" if len(reps) == 2 else "median (lo-hi) of %d runs" % len(reps)
 print("%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) + "   (TFLOP/s %s / ratio to cuBLAS)" % head)
