@@ -679,42 +679,40 @@ __device__ __forceinline__ void aux_load(const GemmTileArgs &a, int row0, int n0
   }
 }
 
-/* Gate+up outputs of two adjacent elements from their g and u: pass 0: act =
- * bf16(silu(g) * u) (clamped); 1: g, 2: u as saved context. With the clamp on, a value the
- * clamp cuts is saved as +-inf, so the backward's mask is exactly this one (mok.h). */
+/* The gate+up token tiles' epilogue values (swiglu_pack's arithmetic): LIMIT is a.limit >
+ * 0, chosen once a tile (tok_consume_nt), so a launch without a limit runs (and fetches) no
+ * clamp code. swiglu_h: h of two outputs; gu_pack: g (lo = -inf) or u (lo = -L) of two, an
+ * input past the limit stored as +-inf (the backward's mark of a clamped value). */
+__device__ __forceinline__ uint32_t swiglu_h_lim(bool lim, float L, float g0, float g1, float u0, float u1) {
+  if (lim) {
+    g0 = fminf(g0, L);
+    g1 = fminf(g1, L);
+    u0 = fminf(fmaxf(u0, -L), L);
+    u1 = fminf(fmaxf(u1, -L), L);
+  }
+  return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
+}
+template <bool LIMIT>
+__device__ __forceinline__ uint32_t swiglu_h(float L, float g0, float g1, float u0, float u1) {
+  return swiglu_h_lim(LIMIT, L, g0, g1, u0, u1);
+}
+template <bool LIMIT>
+__device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x1) {
+  if (!LIMIT) return pack_bf16x2(x0, x1);
+  return pack_bf16x2(x0 > L ? INFINITY : x0 < lo ? -INFINITY : x0, x1 > L ? INFINITY : x1 < lo ? -INFINITY : x1);
+}
+
+/* Gate+up outputs of two adjacent elements from their g and u (row-grouped tiles: the limit
+ * tested at run time): pass 0: act = bf16(silu(g) * u) (clamped); 1: g, 2: u as saved
+ * context. With the clamp on, a value the clamp cuts is saved as +-inf, so the backward's
+ * mask is exactly this one (mok.h). */
 __device__ __forceinline__ uint32_t swiglu_pack(int pass, float L, float g0, float g1, float u0, float u1) {
   if (pass == 1)
     return L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
   if (pass == 2)
     return L > 0.f ? pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0, u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1)
                    : pack_bf16x2(u0, u1);
-  if (L > 0.f) {
-    g0 = fminf(g0, L);
-    g1 = fminf(g1, L);
-    u0 = fminf(fmaxf(u0, -L), L);
-    u1 = fminf(fmaxf(u1, -L), L);
-  }
-  return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
-}
-
-/* The gate+up token tiles' epilogue values (the same as swiglu_pack's): LIMIT is a.limit >
- * 0, chosen once a tile (tok_consume_nt), so a launch without a limit runs (and fetches) no
- * clamp code. swiglu_h: h of two outputs; gu_pack: g (lo = -inf) or u (lo = -L) of two, an
- * input past the limit stored as +-inf (the backward's mark of a clamped value). */
-template <bool LIMIT>
-__device__ __forceinline__ uint32_t swiglu_h(float L, float g0, float g1, float u0, float u1) {
-  if (LIMIT) {
-    g0 = fminf(g0, L);
-    g1 = fminf(g1, L);
-    u0 = fminf(fmaxf(u0, -L), L);
-    u1 = fminf(fmaxf(u1, -L), L);
-  }
-  return pack_bf16x2(g0 * sigmoid_f(g0) * u0, g1 * sigmoid_f(g1) * u1);
-}
-template <bool LIMIT>
-__device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x1) {
-  if (!LIMIT) return pack_bf16x2(x0, x1);
-  return pack_bf16x2(x0 > L ? INFINITY : x0 < lo ? -INFINITY : x0, x1 > L ? INFINITY : x1 < lo ? -INFINITY : x1);
+  return swiglu_h_lim(L > 0.f, L, g0, g1, u0, u1);
 }
 
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
