@@ -707,11 +707,8 @@ __device__ __forceinline__ uint32_t gu_pack(float L, float lo, float x0, float x
  * context. With the clamp on, a value the clamp cuts is saved as +-inf, so the backward's
  * mask is exactly this one (mok.h). */
 __device__ __forceinline__ uint32_t swiglu_pack(int pass, float L, float g0, float g1, float u0, float u1) {
-  if (pass == 1)
-    return L > 0.f ? pack_bf16x2(g0 > L ? INFINITY : g0, g1 > L ? INFINITY : g1) : pack_bf16x2(g0, g1);
-  if (pass == 2)
-    return L > 0.f ? pack_bf16x2(u0 > L ? INFINITY : u0 < -L ? -INFINITY : u0, u1 > L ? INFINITY : u1 < -L ? -INFINITY : u1)
-                   : pack_bf16x2(u0, u1);
+  if (pass == 1) return L > 0.f ? gu_pack<true>(L, -INFINITY, g0, g1) : gu_pack<false>(L, 0.f, g0, g1);
+  if (pass == 2) return L > 0.f ? gu_pack<true>(L, -L, u0, u1) : gu_pack<false>(L, 0.f, u0, u1);
   return swiglu_h_lim(L > 0.f, L, g0, g1, u0, u1);
 }
 
