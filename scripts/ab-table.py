@@ -4,12 +4,15 @@ files named TAG.NAME.REP.json (REP 1, 2, ..: one process each, $REPS of the scri
 and prints, per configuration and kind, each name's TFLOP/s of its runs (two: both; more:
 median and range) and its ratio to cuBLAS of the same runs, sum over sum ("!": a check
 failed). Ours and cuBLAS move together by up to +-6% from one process to the next
-(docs/PERF.md, session 17): the ratio is the steadier figure.
+(docs/PERF.md, session 17): the ratio is the steadier figure. Zipf runs (their JSON has
+zipf_over_balanced: ours on Zipf rows against ours on balanced rows, in turn in one
+process) get a second table of that figure.
 Usage: ab-table.py DIR "name=...;name=..." (the names in that order)."""
 import collections, glob, json, os, sys
 
 names = [v.split("=", 1)[0] for v in sys.argv[2].split(";") if v]
 d = collections.defaultdict(dict)
+zb = collections.defaultdict(dict)
 for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
     tag, name, rep = os.path.basename(f)[:-5].rsplit(".", 2)
     try:
@@ -19,6 +22,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
         continue
     for r in rs:
         d[(tag, r["kind"])][(name, rep)] = (r["tflops"], r["cublas_tflops"], r["ok"])
+        if "zipf_over_balanced" in r:
+            zb[(tag, r["kind"])][(name, rep)] = r["zipf_over_balanced"]
 reps = sorted({rep for v in d.values() for (_, rep) in v}, key=int)
 if len(reps) < 2:  # the two-run layout, missing runs as 0
     reps = ["1", "2"]
@@ -36,3 +41,12 @@ for (tag, kind), v in sorted(d.items()):
         else:
             row += " %5.0f (%3.0f-%3.0f) %5.3f%s" % (ours[len(ours) // 2], ours[0], ours[-1], ratio, bad)
     print(row)
+if zb:
+    print("\n%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) +
+          "   (Zipf / balanced rows, ours in turn in one process: median (lo-hi))")
+    for (tag, kind), v in sorted(zb.items()):
+        row = "%-12s %-8s" % (tag, kind)
+        for n in names:
+            xs = sorted(v[(n, r)] for r in reps if (n, r) in v)
+            row += " %12.3f (%.3f-%.3f)" % (xs[len(xs) // 2], xs[0], xs[-1]) if xs else " %22s" % "-"
+        print(row)

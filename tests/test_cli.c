@@ -77,6 +77,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --ddown-tok maybe", "--ddown-tok on|off"},
       {"bench gemm --seed x1", "--seed N|clock"},
       {"bench gemm --seed -3", "--seed N|clock"},
+      {"bench gemm --vs-balanced maybe", "--vs-balanced on|off"},
+      {"bench gemm --vs-balanced on --model glm-5.2", "--vs-balanced on needs --routing zipf:S"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
       {"bench stream --mixed --k 100", "--k a multiple of 64"}, /* --mixed takes no value */
@@ -134,6 +136,47 @@ MOK_TEST(cli_refuses_shapes_too_large_for_the_reference) {
   static char out[1 << 16];
   int rc = run_cli("run --impl cpu --model kimi-k2.7-code --ranks 8 --tokens 16384", out, sizeof out);
   CHECK_MSG(rc == 2 && strstr(out, "GiB"), "rc %d: %s", rc, out);
+}
+
+/* `mok bench gemm` end to end on a small shape: every kind checked against float64 (exit 0
+ * only if all are right), and under Zipf routing each kind also timed on balanced rows in
+ * the same process (--vs-balanced, on by default there), its ratio printed and in the JSON. */
+MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
+  NEED_CLI();
+  static char out[1 << 16];
+  const char *json = "/tmp/mok_test_bench_gemm.json";
+  char args[512];
+  snprintf(args, sizeof args, "bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 "
+                              "--routing zipf:1.2 --iters 3 --seed 11 --json %s", json);
+  const int rc = run_cli(args, out, sizeof out);
+  if (strstr(out, "not in this build")) SKIP("mok built without the GEMMs");
+  CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+  int lines = 0;
+  for (const char *p = out; (p = strstr(p, "zipf / balanced rows, ours in turn:")); ++p) ++lines;
+  CHECK_MSG(lines == 8, "%d vs-balanced lines (want one a kind, 8): %s", lines, out);
+  FILE *f = fopen(json, "r");
+  CHECK(f != NULL);
+  if (f) {
+    static char js[1 << 16];
+    const size_t n = fread(js, 1, sizeof js - 1, f);
+    js[n] = 0;
+    fclose(f);
+    remove(json);
+    int fields = 0;
+    for (const char *p = js; (p = strstr(p, "\"zipf_over_balanced\": ")); ++p) {
+      const double r = atof(p + strlen("\"zipf_over_balanced\": "));
+      CHECK_MSG(r > 0.05 && r < 20, "zipf_over_balanced %g", r);
+      ++fields;
+    }
+    CHECK_MSG(fields == 8, "%d zipf_over_balanced fields: %s", fields, js);
+  }
+  /* off: no such line; balanced routing: none either */
+  CHECK(run_cli("bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 --routing zipf:1.2 "
+                "--iters 2 --kinds down --vs-balanced off", out, sizeof out) == 0 &&
+        !strstr(out, "zipf / balanced"));
+  CHECK(run_cli("bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 --iters 2 --kinds down",
+                out, sizeof out) == 0 &&
+        !strstr(out, "zipf / balanced"));
 }
 
 MOK_TEST(cli_info) {

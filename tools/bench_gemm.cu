@@ -23,6 +23,11 @@
  * Timing: median of --iters runs each, ours and cuBLAS taken in turn, each launch queued
  * behind a 50 us spin kernel (GPU time only, not the host's launch work). Our GEMMs get
  * the expert counts (--counts on): forward token tiles skip the padding rows.
+ * Zipf routing (--vs-balanced on, its default there): each kind is timed a second time
+ * against itself on balanced rows (R each, the same buffers, weights and total rows; the
+ * kind's inputs refilled for each layout), the two in turn as above, and the row prints
+ * zipf / balanced of those two medians: the issue's "within 10% of the balanced figure",
+ * measured in one process (processes differ by up to +-6%: docs/PERF.md, session 17).
  * Exit status: 0 ok, 1 a wrong result or a failed call, 2 bad usage. MOK_BENCH_VERBOSE=1
  * prints each stage (run, check) to stderr, to locate a hang.
  */
@@ -116,6 +121,8 @@ static void usage(void) {
           "  GEMM's token tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring;\n"
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
           "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
+          "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
+          "  the zipf launch, zipf / balanced printed (default on with zipf)\n"
           "  --seed: the inputs' random seed (default clock: another each run; printed in the header)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
@@ -136,6 +143,10 @@ typedef struct bench {
   int64_t seg_bal;
   mokGemmRows_t rows;
   int32_t *off, *cnt;
+  int vs_bal;              /* --vs-balanced: zipf rows timed against balanced rows too */
+  mokGemmRows_t bal_rows;  /* R rows an expert, segments of seg_bal rows */
+  int32_t *off_bal, *cnt_bal, *off_bal_h, *cnt_bal_h;
+  uint64_t seed;
   mokBf16 *x, *wblk, *wg, *wu, *wd, *act, *gu, *y, *dy, *dgu, *dx, *wgu_cub, *cub_out;
   int up_first; /* --gu-order up-first: W_up, then W_gate in one block */
   void *dw0, *dw1, *dw2, *cub_dw;
@@ -219,6 +230,35 @@ static int run_ours(bench *b, void *ctx) {
     fprintf(stderr, "bench gemm: %s: %s\n", kKindName[k], mokGetLastError());
     return 1;
   }
+  return 0;
+}
+
+/* Kind k on the balanced rows (--vs-balanced). */
+static int run_ours_bal(bench *b, void *ctx) {
+  const mokGemmRows_t z = b->rows;
+  b->rows = b->bal_rows;
+  const int rc = run_ours(b, ctx);
+  b->rows = z;
+  return rc;
+}
+
+/* --vs-balanced: refills, in the layout of (off, cnt) (device arrays), the buffers kind k
+ * reads and those of its outputs that later kinds read, with the values the run started
+ * with (the same seeds: a row's values depend on its index alone; padding rows zero). */
+static int fill_kind(bench *b, int k, const int32_t *off, const int32_t *cnt) {
+  struct { mokBf16 *p; int cols; int seed; } f[3];
+  int n = 0;
+  const int H = b->H, I2 = 2 * b->I;
+  switch (k) {
+    case K_GATEUP: f[n++] = {b->x, H, 1}; f[n++] = {b->act, b->I, 7}; f[n++] = {b->gu, I2, 8}; break;
+    case K_DOWN: f[n++] = {b->act, b->I, 7}; break;
+    case K_DDOWN: f[n++] = {b->dy, H, 2}; f[n++] = {b->gu, I2, 8}; f[n++] = {b->dgu, I2, 9}; break;
+    case K_DGATEUP: f[n++] = {b->dgu, I2, 9}; break;
+    case K_WGATEUP: case K_WGATEUP32: f[n++] = {b->dgu, I2, 9}; f[n++] = {b->x, H, 1}; break;
+    default: f[n++] = {b->dy, H, 2}; f[n++] = {b->act, b->I, 7}; break;
+  }
+  for (int i = 0; i < n; ++i)
+    BMOK(mok_gemm_fill_rows(f[i].p, b->cap, f[i].cols, b->seed + f[i].seed, 1.f, b->E, off, cnt, 0));
   return 0;
 }
 
@@ -498,20 +538,35 @@ static int bench_kind(bench *b, int k) {
   float ms = 0, cms = 0;
   if (time_pair(b, run_ours, run_cublas, (void *)(intptr_t)k, &ms, &cms)) return 1;
   if (b->trace && (k == K_GATEUP || k == K_DOWN) && trace_kind(b, k)) return 1;
+  float zms = 0, bms = 0;
+  if (b->vs_bal) { /* balanced inputs, the pair, then the run's own inputs back */
+    if (fill_kind(b, k, b->off_bal, b->cnt_bal) || time_pair(b, run_ours, run_ours_bal, (void *)(intptr_t)k, &zms, &bms) ||
+        fill_kind(b, k, b->off, b->cnt))
+      return 1;
+    BCUDA(cudaDeviceSynchronize());
+  }
   /* cuBLAS does the same useful work on balanced rows: rows_bal * E (== R when balanced) */
   const double cflop = flop / R * ((double)b->rows_bal * E);
   const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
   printf("%-20s %-24s %8.3f %8.1f %8.3f %8.1f %6.3f %8.0f %9.2e%s\n", kKindName[k], b->shape, ms, tf, cms, ctf,
          tf / ctf, bytes / (ms * 1e-3) / 1e9, rel, ok ? "" : (nans ? "  UNWRITTEN/NaN" : "  WRONG"));
+  if (b->vs_bal)
+    printf("%-20s %-24s %8.3f %8.1f  zipf / balanced rows, ours in turn: %.3f (zipf %.3f ms)\n", "", "balanced rows",
+           bms, flop / (bms * 1e-3) / 1e12, bms / zms, zms);
   if (b->sclk && (k == K_GATEUP || k == K_DOWN) && sclk_kind(b, k)) return 1;
   if (b->json) {
     fprintf(b->json,
             "%s\n  {\"kind\": \"%s\", \"experts\": %d, \"hidden\": %d, \"inter\": %d, \"rows\": %lld, "
             "\"rows_used\": %lld, \"ms\": %.5f, \"tflops\": %.2f, \"cublas_ms\": %.5f, \"cublas_tflops\": %.2f, "
-            "\"ratio\": %.4f, \"hbm_gbs\": %.1f, \"rel_err\": %.3e, \"ok\": %s}",
+            "\"ratio\": %.4f, \"hbm_gbs\": %.1f, \"rel_err\": %.3e, \"ok\": %s",
             b->json_first ? "" : ",", kKindName[k], b->E, b->H, b->I, (long long)b->rows_real,
             (long long)b->rows_used, ms, tf, cms, ctf, tf / ctf, bytes / (ms * 1e-3) / 1e9, isfinite(rel) ? rel : -1.0,
             ok ? "true" : "false");
+    if (b->vs_bal)
+      fprintf(b->json, ", \"zipf_ms\": %.5f, \"balanced_ms\": %.5f, \"zipf_over_balanced\": %.4f}", zms, bms,
+              bms / zms);
+    else
+      fprintf(b->json, "}");
     b->json_first = 0;
   }
   return 0;
@@ -529,6 +584,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
   unsigned long long seed_arg = 0;
   int seed_given = 0;
+  int vs_bal = -1; /* --vs-balanced: -1 the default (on with zipf routing) */
   int tok_ring = 0, row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
@@ -630,6 +686,10 @@ static int bench_main(int argc, char **argv, bench *b) {
       b->sclk = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -1;
       if (b->sclk < 0) { fprintf(stderr, "bench gemm: --stage-clock on|off\n"); return 2; }
     }
+    else if (!strcmp(a, "--vs-balanced")) {
+      vs_bal = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -2;
+      if (vs_bal < -1) { fprintf(stderr, "bench gemm: --vs-balanced on|off\n"); return 2; }
+    }
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
       else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) {
@@ -696,6 +756,11 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows_bal = R;
   b->seg_bal = (R + 63) / 64 * 64;
   b->cap = b->rows_used > b->seg_bal * E ? b->rows_used : b->seg_bal * E;
+  b->vs_bal = zipf > 0 && vs_bal != 0;
+  if (vs_bal == 1 && zipf <= 0) {
+    fprintf(stderr, "bench gemm: --vs-balanced on needs --routing zipf:S\n");
+    return 2;
+  }
   snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R,
            zipf <= 0 ? "" : zipf_order == 1 ? " zipf-shuf" : zipf_order == 2 ? " zipf-rev" : " zipf");
 
@@ -703,6 +768,15 @@ static int bench_main(int argc, char **argv, bench *b) {
   BCUDA(cudaMalloc(&b->cnt, sizeof(int32_t) * E));
   BCUDA(cudaMemcpy(b->off, b->off_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice));
   BCUDA(cudaMemcpy(b->cnt, b->cnt_h, sizeof(int32_t) * E, cudaMemcpyHostToDevice));
+  if (b->vs_bal) {
+    b->off_bal_h = (int32_t *)calloc(E + 1, sizeof(int32_t));
+    b->cnt_bal_h = (int32_t *)calloc(E, sizeof(int32_t));
+    for (int e = 0; e < E; ++e) b->cnt_bal_h[e] = R, b->off_bal_h[e + 1] = (int32_t)((e + 1) * b->seg_bal);
+    BCUDA(cudaMalloc(&b->off_bal, sizeof(int32_t) * (E + 1)));
+    BCUDA(cudaMalloc(&b->cnt_bal, sizeof(int32_t) * E));
+    BCUDA(cudaMemcpy(b->off_bal, b->off_bal_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice));
+    BCUDA(cudaMemcpy(b->cnt_bal, b->cnt_bal_h, sizeof(int32_t) * E, cudaMemcpyHostToDevice));
+  }
   const size_t cap = (size_t)b->cap, Hs = b->H, Is = b->I, wsz = (size_t)E * Is * Hs;
   BCUDA(cudaMalloc(&b->x, cap * Hs * 2));
   BCUDA(cudaMalloc(&b->dy, cap * Hs * 2));
@@ -727,9 +801,14 @@ static int bench_main(int argc, char **argv, bench *b) {
   b->rows.expert_offset = b->off;
   b->rows.expert_count = counts ? b->cnt : NULL;
   b->rows.expert_count_host = counts ? b->cnt_h : NULL;
+  b->bal_rows = b->rows;
+  b->bal_rows.expert_offset = b->off_bal;
+  b->bal_rows.expert_count = counts ? b->cnt_bal : NULL;
+  b->bal_rows.expert_count_host = counts ? b->cnt_bal_h : NULL;
   /* --seed N repeats a run's data. (Not its speed: the same data in another process ran
    * cuBLAS 686-769 TFLOP/s; docs/PERF.md, session 17) */
   const uint64_t seed = seed_given ? (uint64_t)seed_arg : 0x5eed0000ull ^ (uint64_t)time(NULL);
+  b->seed = seed;
   BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));
   BMOK(mok_gemm_fill_rows(b->wg, (int64_t)E * b->I, b->H, seed + 3, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
@@ -782,7 +861,7 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   const int rc = bench_main(argc, argv, &b);
-  void *bufs[] = {b.off, b.cnt, b.x, b.wblk, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
+  void *bufs[] = {b.off, b.cnt, b.off_bal, b.cnt_bal, b.x, b.wblk, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
                   b.dw0, b.dw1, b.dw2, b.cub_dw, b.bad};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);
@@ -790,5 +869,7 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   if (b.trace) fclose(b.trace);
   free(b.off_h);
   free(b.cnt_h);
+  free(b.off_bal_h);
+  free(b.cnt_bal_h);
   return rc;
 }
