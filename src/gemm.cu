@@ -243,6 +243,7 @@ static int g_gu_box = 0; /* gate+up token tiles' weights: 0 = gu_boxes_rule, 1 =
 static int g_stagger = 0; /* token tiles: expert 0's tiles half as large (0 = stagger_rule, 1 = on, 2 = off) */
 static int g_row_box128 = 0; /* token tiles' rows in 128-row boxes: 0 = row_box_rule, 1 = on, 2 = off */
 static int g_l2_promo[2] = {-1, -1}; /* forward token tiles' L2 promotion, bytes: weights, rows; -1 = 256 */
+static int g_expert_order = 0; /* token tiles under tickets: 0 = rule, 1 most rows first, 2 index order */
 static int g_cold_evict = 0;   /* one-tile experts' weights evict-first (split mix order): 0 = rule, 1 on, 2 off */
 static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: -1 = eager_rule, 0 = none,
                                  N: <= N rows */
@@ -342,6 +343,20 @@ static int cold_evict_rule(bool gateup) {
 
 extern "C" mokResult_t mok_gemm_debug_cold_evict(int mode) {
   return set_mode_knob(&g_cold_evict, mode, 2, "mok_gemm_debug_cold_evict");
+}
+
+/* Token tiles under tickets walk the experts with most rows first (GemmTileArgs::
+ * expert_order), not in index order: routing numbers experts arbitrarily. Measured (docs/
+ * PERF.md, session 19, 1x H200, Zipf 1.2 counts in a shuffled order of experts): see the
+ * rule's note there. */
+static int expert_order_rule(bool gateup) {
+  const int knob = __atomic_load_n(&g_expert_order, __ATOMIC_RELAXED);
+  (void)gateup;
+  return knob ? knob == 1 : 1;
+}
+
+extern "C" mokResult_t mok_gemm_debug_expert_order(int mode) {
+  return set_mode_knob(&g_expert_order, mode, 2, "mok_gemm_debug_expert_order");
 }
 
 /* Token tiles of at most this many rows give each stage back once its own MMAs are done
@@ -517,6 +532,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   args.eager_rows = eager_rule();
   args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
+  args.expert_order = TOK == 1 && expert_order_rule(KIND == kGateUpFwd);
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;

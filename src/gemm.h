@@ -177,6 +177,9 @@ mokResult_t mok_gemm_debug_eager_rows(int rows);
  * load their weights with an L2 evict-first policy (1) or plainly (2); 0 = the library's
  * rule. Process-wide. */
 mokResult_t mok_gemm_debug_cold_evict(int mode);
+/* Token tiles under tickets: experts with most rows first (1) or in index order (2);
+ * 0 = the library's rule. */
+mokResult_t mok_gemm_debug_expert_order(int mode);
 /* Benchmarks: gate+up token tiles (CTAs alone) load a stage's weights as one 4-D TMA box
  * over W_gate and W_up (1; only where W_up lies after W_gate, else four boxes), four 64-row
  * boxes (2) or two 3-D boxes (3); 0 = the library's rule (1). Process-wide. */

@@ -78,6 +78,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --seed x1", "--seed N|clock"},
       {"bench gemm --seed -3", "--seed N|clock"},
       {"bench gemm --vs-balanced maybe", "--vs-balanced on|off"},
+      {"bench gemm --expert-order heavy", "--expert-order auto|load|index"},
       {"bench gemm --vs-balanced on --model glm-5.2", "--vs-balanced on needs --routing zipf:S"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},

@@ -118,7 +118,8 @@ MOK_TEST(gemm_validation) {
  * units), in order, in a persistent CTA's strided order, and in random order (the cursor
  * walks either way). TOK 2 (CTA pairs): the units are pairs (rows of pairs sharing the
  * weight block, then an odd last tile's output blocks in twos sharing its rows), each
- * rank's tile decoded from a cursor of its own. */
+ * rank's tile decoded from a cursor of its own. Token tiles with counts, half the time:
+ * experts in the order of most rows first (tok_expert_rank), the enumeration in that order. */
 template <int KIND, int BN, int TOK = 0>
 static int check_schedule(rng_t *r, char *why, size_t n) {
   using namespace mok_sm90;
@@ -152,10 +153,31 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   const int oc = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   if (TOK == 2 && (a.n_out + oc - 1) / oc % 2) a.n_out += oc; /* pairs: an even number of output blocks */
   const int n_tiles = (a.n_out + oc - 1) / oc;
+  /* TOK 1 with counts, half the time: the experts in the order of most rows first
+   * (tok_expert_rank, as the kernel under tickets with a.expert_order) */
+  static uint16_t order[kMaxE];
+  const uint16_t *ordp = NULL;
+  if (TOK == 1 && with_counts && (rng_next(r) & 1)) {
+    int rows_e[kMaxE];
+    for (int e = 0; e < E; ++e) rows_e[e] = tok_rows(a, e, off[e + 1] - off[e]);
+    unsigned char seen[kMaxE] = {0};
+    for (int e = 0; e < E; ++e) {
+      const int k = tok_expert_rank(rows_e, E, e);
+      if (k < 0 || k >= E || seen[k]) return snprintf(why, n, "expert order: rank %d of expert %d taken twice", k, e), 0;
+      seen[k] = 1;
+      order[k] = (uint16_t)e;
+    }
+    for (int i = 1; i < E; ++i)
+      if (rows_e[order[i]] > rows_e[order[i - 1]] || (rows_e[order[i]] == rows_e[order[i - 1]] && order[i] < order[i - 1]))
+        return snprintf(why, n, "expert order: position %d (expert %d, %d rows) after expert %d (%d rows)", i,
+                        order[i], rows_e[order[i]], order[i - 1], rows_e[order[i - 1]]), 0;
+    ordp = order;
+  }
   static TileCoord want[kMaxTiles], want1[kMaxTiles]; /* TOK 2: a pair's rank 0 and rank 1 tiles */
   static unsigned char single[kMaxTiles]; /* token tiles: the tile's expert has one tile per output block */
   int total = 0;
-  for (int e = 0; e < E; ++e) {
+  for (int pos = 0; pos < E; ++pos) {
+    const int e = ordp ? ordp[pos] : pos;
     const int seg = off[e + 1] - off[e];
     /* rows the token tiles cover: the segment, or its routed rows (at least 1, at most
      * seg) rounded up to 16 */
@@ -168,7 +190,7 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
      * more if that makes them equal, each taking ceil(units left / tiles left), so sizes
      * differ by <= 16 rows, larger first */
     int tok_n = 0, tok_off[2600], tok_nt[2600];
-    const int units = a.stagger && e == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
+    const int units = a.stagger && pos == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
     const int tu = rows / 16, tn0 = (tu + units - 1) / units;
     const int tn1 = tn0 && tu % tn0 && tu % (tn0 + 1) == 0 ? tn0 + 1 : tn0;
     for (int u = tu, left = u, i = 0, tn = tn1; i < tn; ++i) {
@@ -243,8 +265,8 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   auto rank1_ok = [&](int t, int cls) {
     return TOK != 2 || (gemm_decode_tile<KIND, BN, TOK>(a, cu1, t, c1, cls, 1) && same(c1, want1[t]));
   };
-  gemm_cursor_init(a, cu);
-  gemm_cursor_init(a, cu1);
+  gemm_cursor_init(a, cu, ordp);
+  gemm_cursor_init(a, cu1, ordp);
   for (int t = 0; t < total; ++t)
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "in order: tile %d of %d (E %d) decoded wrong", t, total, E), 0;
@@ -252,21 +274,21 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     return snprintf(why, n, "tile %d past the last (%d) decoded as a tile", total, total - 1), 0;
   const int grid = 1 + (int)(rng_next(r) % 132);
   for (int b = 0; b < grid; ++b) { /* a persistent CTA's order, fresh cursor */
-    gemm_cursor_init(a, cu);
-    gemm_cursor_init(a, cu1);
+    gemm_cursor_init(a, cu, ordp);
+    gemm_cursor_init(a, cu1, ordp);
     int t = b;
     for (; gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c); t += grid)
       if (t >= total || !same(c, want[t]) || !rank1_ok(t, -1))
         return snprintf(why, n, "CTA %d of %d: tile %d wrong", b, grid, t), 0;
     if (t < total) return snprintf(why, n, "CTA %d of %d stopped at tile %d of %d", b, grid, t, total), 0;
   }
-  gemm_cursor_init(a, cu);
-  gemm_cursor_init(a, cu1);
+  gemm_cursor_init(a, cu, ordp);
+  gemm_cursor_init(a, cu1, ordp);
   for (int t = total - 1; t >= 0; --t) /* backwards: the cursor steps back one expert at a time */
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "backwards: tile %d of %d wrong", t, total), 0;
-  gemm_cursor_init(a, cu);
-  gemm_cursor_init(a, cu1);
+  gemm_cursor_init(a, cu, ordp);
+  gemm_cursor_init(a, cu1, ordp);
   for (int q = 0; q < 200 && total > 0; ++q) { /* random order: the cursor walks either way */
     const int t = (int)(rng_next(r) % (uint64_t)total);
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
@@ -289,8 +311,8 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     }
     GemmCursor cur[2], cur1[2];
     for (int k = 0; k < 2; ++k) {
-      gemm_cursor_init(a, cur[k]);
-      gemm_cursor_init(a, cur1[k]);
+      gemm_cursor_init(a, cur[k], ordp);
+      gemm_cursor_init(a, cur1[k], ordp);
     }
     for (int q = 0; q < total + 200; ++q) { /* in order, then random */
       const int t = q < total ? q : (int)(rng_next(r) % (uint64_t)total);

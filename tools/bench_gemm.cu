@@ -121,6 +121,8 @@ static void usage(void) {
           "  GEMM's token tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring;\n"
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
           "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
+          "  --expert-order: token tiles under tickets walk the experts with most rows first (load)\n"
+          "  or in index order (index) (default auto: the library's rule)\n"
           "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
           "  the zipf launch, zipf / balanced printed (default on with zipf)\n"
           "  --seed: the inputs' random seed (default clock: another each run; printed in the header)\n"
@@ -644,6 +646,12 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--l2-promo")) {
       if (sscanf(v, "%d,%d", &promo_w, &promo_r) != 2 || mok_gemm_debug_l2_promotion(promo_w, promo_r) != mokSuccess) {
         fprintf(stderr, "bench gemm: --l2-promo W,R: bytes of weights and rows, each 0, 64, 128 or 256\n");
+        return 2;
+      }
+    } else if (!strcmp(a, "--expert-order")) {
+      const int m = !strcmp(v, "load") ? 1 : !strcmp(v, "index") ? 2 : !strcmp(v, "auto") ? 0 : -1;
+      if (m < 0 || mok_gemm_debug_expert_order(m) != mokSuccess) {
+        fprintf(stderr, "bench gemm: --expert-order auto|load|index\n");
         return 2;
       }
     } else if (!strcmp(a, "--cold-evict")) {

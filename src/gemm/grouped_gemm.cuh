@@ -176,6 +176,9 @@ struct GemmTileArgs {
                        (gemm.cu row_box_rule) */
   int cold_evict;   /* gate+up token tiles of the split mix order: the one-tile experts'
                        weights loaded with an L2 evict-first policy (tok_tile_produce) */
+  int expert_order; /* token tiles under tickets with expert counts, at most
+                       kOrderMaxExperts experts: their tiles in the order of the experts
+                       with most rows first (tok_expert_rank); 0 = index order */
   unsigned long long *sclk; /* token tiles, diagnostics (stage clock): kSclkWords counters of
                               how long each stage took from its loads' issue to the consumers'
                               use (tok_sclk_record); NULL = off */
@@ -291,9 +294,11 @@ __host__ __device__ __forceinline__ int tile_out_cols() {
  * expert 0 when asked for an earlier index). Offsets are read with __ldg: they must not
  * change while the kernel runs. */
 struct GemmCursor {
-  int e, first, o0, o1;
+  int e, first, o0, o1; /* e: a position in the expert order; o0, o1: its segment's bounds */
   int n;       /* token tiles: rows of the segment the tiles cover (tok_rows) */
   int stagger; /* token tiles: a.stagger, unless the launch hands tiles out by tickets */
+  const uint16_t *order; /* token tiles: order[i] is the expert at position i (most rows
+                            first: tok_expert_rank); NULL: experts in index order */
 };
 static_assert(sizeof(GemmCursor) <= 32, "two cursors after the slots take 64 bytes");
 /* The barrier area after the slots (grouped_gemm_kernel): the two cursors, then 4 mix words
@@ -360,13 +365,38 @@ __host__ __device__ __forceinline__ int tok_rows(const GemmTileArgs &a, int e, i
 __host__ __device__ __forceinline__ int tok_units_of(const GemmTileArgs &a, const GemmCursor &cu) {
   return cu.stagger && cu.e == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
 }
-__host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a, GemmCursor &cu) {
+/* The expert at position i of the cursor's order. */
+__host__ __device__ __forceinline__ int cursor_expert(const GemmCursor &cu, int i) {
+  return cu.order ? cu.order[i] : i;
+}
+/* The cursor's segment bounds (and token rows) for its position cu.e < num_experts. */
+__host__ __device__ __forceinline__ void cursor_bounds(const GemmTileArgs &a, GemmCursor &cu) {
+  const int x = cursor_expert(cu, cu.e);
+  cu.o0 = sched_ld(a.expert_offset + x);
+  cu.o1 = sched_ld(a.expert_offset + x + 1);
+  cu.n = tok_rows(a, x, cu.o1 - cu.o0);
+}
+/* order: token tiles only (NULL: experts in index order). */
+__host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a, GemmCursor &cu,
+                                                          const uint16_t *order = nullptr) {
   cu.e = 0;
   cu.first = 0;
-  cu.o0 = sched_ld(a.expert_offset);
-  cu.o1 = sched_ld(a.expert_offset + 1);
-  cu.n = tok_rows(a, 0, cu.o1 - cu.o0);
+  cu.order = order;
+  cursor_bounds(a, cu);
   cu.stagger = a.stagger;
+}
+/* Expert order of token tiles under tickets (grouped_gemm_kernel, a.expert_order): the
+ * experts with most rows first (tok_rows; ties in index order), so that the tile order does
+ * not depend on how routing numbers the experts. With the same Zipf counts in a shuffled
+ * order of experts, qwen3.5's down launch ran 3.5% slower than with the heaviest expert
+ * first (docs/PERF.md, session 19). The rank of expert e, counting over rows[0, E) (the
+ * experts' tok_rows); the same on the host (tests) and in the kernel (one lane an expert). */
+constexpr int kOrderMaxExperts = 512; /* more experts: index order (the order's smem is 1 KB) */
+__host__ __device__ __forceinline__ int tok_expert_rank(const int *rows, int E, int e) {
+  const int r = rows[e];
+  int rank = 0;
+  for (int j = 0; j < E; ++j) rank += rows[j] > r || (rows[j] == r && j < e);
+  return rank;
 }
 /* Tiles of the cursor's expert per output block. cls (token tiles, mix order): -1 every
  * expert; 1 only experts of one tile per output block, 0 only the others (the tiles of
@@ -433,12 +463,15 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
     return true;
   } else {
     while (t < cu.first) { /* step back one expert (a cursor past the end keeps the last one's bounds) */
-      if (cu.e < a.num_experts) {
-        cu.o1 = cu.o0;
-        cu.o0 = sched_ld(a.expert_offset + cu.e - 1);
-        if (TOK) cu.n = tok_rows(a, cu.e - 1, cu.o1 - cu.o0);
+      if constexpr (TOK != 0) {
+        if (cu.e-- < a.num_experts) cursor_bounds(a, cu);
+      } else {
+        if (cu.e < a.num_experts) {
+          cu.o1 = cu.o0;
+          cu.o0 = sched_ld(a.expert_offset + cu.e - 1);
+        }
+        --cu.e;
       }
-      --cu.e;
       cu.first -= cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
     }
     for (;;) {
@@ -446,10 +479,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
       const int tiles = cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
       if (t < cu.first + tiles) break;
       cu.first += tiles;
-      if (++cu.e < a.num_experts) {
+      if constexpr (TOK != 0) {
+        if (++cu.e < a.num_experts) cursor_bounds(a, cu);
+      } else if (++cu.e < a.num_experts) {
         cu.o0 = cu.o1;
         cu.o1 = sched_ld(a.expert_offset + cu.e + 1);
-        if (TOK) cu.n = tok_rows(a, cu.e, cu.o1 - cu.o0);
       }
     }
     /* raster: groups of `raster` row tiles; in a group, rows fastest (consecutive tiles
@@ -474,7 +508,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         c.share = kShareW;
       }
     }
-    c.expert = cu.e;
+    c.expert = TOK ? cursor_expert(cu, cu.e) : cu.e;
     c.n0 = nb * out_cols;
     c.k0 = 0;
     c.k_blocks = a.k_len / kBK;
@@ -973,11 +1007,13 @@ struct TokConfig {
   static constexpr int kStageBytes = kWBytes + RING * kTokUnit * 128;
   static constexpr int kEpiBytes = RING == kTokMaxUnits ? 0 : 2 * 2 * kTokBufBytes;
   static constexpr int kBarBytes = 512;
-  static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes) / kStageBytes;
+  static constexpr int kOrderBytes = 2 * kOrderMaxExperts; /* the expert order (tok_expert_order) */
+  static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes - kOrderBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
   static constexpr int kEpiOffset = kStages * kStageBytes;
   static constexpr int kBarOffset = kEpiOffset + kEpiBytes;
-  static constexpr int kSmemBytes = 1024 + kBarOffset + kBarBytes;
+  static constexpr int kOrderOffset = kBarOffset + kBarBytes;
+  static constexpr int kSmemBytes = 1024 + kOrderOffset + kOrderBytes;
   static_assert(KIND == kGateUpFwd || KIND == kDownFwd || KIND == kDownDgrad,
                 "token tiles: forward gate+up and down, down dgrad");
   static_assert(kStageBytes % 1024 == 0 && kStages >= 4, "token tile ring");
@@ -1610,6 +1646,23 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (TOK && a.mix && tickets)
       tok_mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
+    /* the expert order (a.expert_order): this warp ranks the experts by their rows, staged
+     * in ring stage 0 (nothing is loaded there yet) */
+    const uint16_t *order = nullptr;
+    if constexpr (TOK == 1 && KIND != kDownDgrad) { /* (the dgrad experiment's producer has no room) */
+      if (tickets && a.expert_order && a.expert_count && a.num_experts > 1 && a.num_experts <= kOrderMaxExperts) {
+        uint16_t *o = reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset);
+        int *rows = reinterpret_cast<int *>(smem);
+        const int lane = threadIdx.x & 31;
+        for (int e = lane; e < a.num_experts; e += 32)
+          rows[e] = tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e));
+        __syncwarp();
+        for (int e = lane; e < a.num_experts; e += 32) o[tok_expert_rank(rows, a.num_experts, e)] = (uint16_t)e;
+        fence_proxy_async_shared(); /* stage 0's generic writes before its first TMA load */
+        __syncwarp();
+        order = o;
+      }
+    }
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
@@ -1632,8 +1685,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
        * registers */
       GemmCursor *cur = reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
       GemmCursor &cu = cur[0];
-      gemm_cursor_init(a, cur[0]);
-      gemm_cursor_init(a, cur[1]);
+      gemm_cursor_init(a, cur[0], order);
+      gemm_cursor_init(a, cur[1], order);
       cur[0].stagger = cur[1].stagger = a.stagger && !tickets;
       /* TOK 2: t numbers pairs, one per cluster at a time; both CTAs decode the same t */
       const int units = TOK == 2 ? (int)gridDim.x / 2 : (int)gridDim.x;
