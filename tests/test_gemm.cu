@@ -158,8 +158,8 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
   static uint16_t order[kMaxE];
   const uint16_t *ordp = NULL;
   if (TOK == 1 && with_counts && (rng_next(r) & 1)) {
-    int rows_e[kMaxE];
-    for (int e = 0; e < E; ++e) rows_e[e] = tok_rows(a, e, off[e + 1] - off[e]);
+    int rows_e[kMaxE + 3];
+    for (int e = 0; e < E + 3; ++e) rows_e[e] = e < E ? tok_rows(a, e, off[e + 1] - off[e]) : -1; /* padded to 4 */
     unsigned char seen[kMaxE] = {0};
     for (int e = 0; e < E; ++e) {
       const int k = tok_expert_rank(rows_e, E, e);

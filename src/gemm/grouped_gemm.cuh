@@ -389,13 +389,22 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
  * experts with most rows first (tok_rows; ties in index order), so that the tile order does
  * not depend on how routing numbers the experts. With the same Zipf counts in a shuffled
  * order of experts, qwen3.5's down launch ran 3.5% slower than with the heaviest expert
- * first (docs/PERF.md, session 19). The rank of expert e, counting over rows[0, E) (the
- * experts' tok_rows); the same on the host (tests) and in the kernel (one lane an expert). */
+ * first (docs/PERF.md, session 19). The rank of expert e: rows holds the experts' tok_rows,
+ * padded with -1 to a multiple of 4 (16-byte aligned: the kernel reads it 4 at a time);
+ * the same on the host (tests) and in the kernel (grouped_gemm_kernel: a thread an expert). */
 constexpr int kOrderMaxExperts = 512; /* more experts: index order (the order's smem is 1 KB) */
 __host__ __device__ __forceinline__ int tok_expert_rank(const int *rows, int E, int e) {
   const int r = rows[e];
   int rank = 0;
-  for (int j = 0; j < E; ++j) rank += rows[j] > r || (rows[j] == r && j < e);
+  for (int j = 0; j < E; j += 4) {
+#ifdef __CUDA_ARCH__
+    const int4 q = *reinterpret_cast<const int4 *>(rows + j);
+#else
+    const int4 q = make_int4(rows[j], rows[j + 1], rows[j + 2], rows[j + 3]);
+#endif
+    rank += (q.x > r || (q.x == r && j < e)) + (q.y > r || (q.y == r && j + 1 < e)) +
+            (q.z > r || (q.z == r && j + 2 < e)) + (q.w > r || (q.w == r && j + 3 < e));
+  }
   return rank;
 }
 /* Tiles of the cursor's expert per output block. cls (token tiles, mix order): -1 every
@@ -1628,7 +1637,26 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     fence_mbarrier_init();
   }
+  /* The expert order (a.expert_order; forward token tiles with counts), by every thread:
+   * the experts' tok_rows staged in ring stage 0 (nothing is loaded there yet), then a thread
+   * an expert writes it at its rank; the order (uint16) after the barrier area. */
+  constexpr bool kOrder = TOK == 1 && KIND != kDownDgrad; /* (the dgrad experiment: no room) */
+  const bool order_on = kOrder && a.expert_order && a.expert_count && a.num_experts > 1 &&
+                        a.num_experts <= kOrderMaxExperts;
+  int *order_rows = reinterpret_cast<int *>(smem);
+  if (order_on)
+    for (int e = threadIdx.x; e < (a.num_experts + 3) / 4 * 4; e += kThreads)
+      order_rows[e] = e < a.num_experts ? tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) : -1;
   __syncthreads();
+  if constexpr (kOrder) {
+    if (order_on) {
+      uint16_t *o = reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset);
+      for (int e = threadIdx.x; e < a.num_experts; e += kThreads)
+        o[tok_expert_rank(order_rows, a.num_experts, e)] = (uint16_t)e;
+      fence_proxy_async_shared(); /* stage 0's generic reads and writes before its first TMA load */
+      __syncthreads();
+    }
+  }
   if constexpr (TOK == 2) cluster_sync(); /* the other CTA's barriers exist before anything reaches them */
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
@@ -1648,21 +1676,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     const bool mix = mix_C > 0 && mix_C < mix_T;
     /* the expert order (a.expert_order): this warp ranks the experts by their rows, staged
      * in ring stage 0 (nothing is loaded there yet) */
-    const uint16_t *order = nullptr;
-    if constexpr (TOK == 1 && KIND != kDownDgrad) { /* (the dgrad experiment's producer has no room) */
-      if (tickets && a.expert_order && a.expert_count && a.num_experts > 1 && a.num_experts <= kOrderMaxExperts) {
-        uint16_t *o = reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset);
-        int *rows = reinterpret_cast<int *>(smem);
-        const int lane = threadIdx.x & 31;
-        for (int e = lane; e < a.num_experts; e += 32)
-          rows[e] = tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e));
-        __syncwarp();
-        for (int e = lane; e < a.num_experts; e += 32) o[tok_expert_rank(rows, a.num_experts, e)] = (uint16_t)e;
-        fence_proxy_async_shared(); /* stage 0's generic writes before its first TMA load */
-        __syncwarp();
-        order = o;
-      }
-    }
+    const uint16_t *order = nullptr; /* the expert order matters under tickets only */
+    if constexpr (kOrder) order = order_on && tickets ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
