@@ -1637,12 +1637,16 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     fence_mbarrier_init();
   }
-  /* The expert order (a.expert_order; forward token tiles with counts), by every thread:
-   * the experts' tok_rows staged in ring stage 0 (nothing is loaded there yet), then a thread
-   * an expert writes it at its rank; the order (uint16) after the barrier area. */
+  /* The expert order (a.expert_order; forward token tiles with counts, under tickets), by
+   * every thread: the experts' tok_rows staged in ring stage 0 (nothing is loaded there
+   * yet), then a thread an expert writes it at its rank; the order (uint16) after the
+   * barrier area. Every warp takes the schedule rule's answer (use_tickets) itself, so that
+   * launches under the static schedule (balanced) skip this and its barrier. */
   constexpr bool kOrder = TOK == 1 && KIND != kDownDgrad; /* (the dgrad experiment: no room) */
-  const bool order_on = kOrder && a.expert_order && a.expert_count && a.num_experts > 1 &&
-                        a.num_experts <= kOrderMaxExperts;
+  bool order_on = false;
+  if constexpr (kOrder)
+    order_on = a.expert_order && a.expert_count && a.num_experts > 1 && a.num_experts <= kOrderMaxExperts &&
+               (a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a)));
   int *order_rows = reinterpret_cast<int *>(smem);
   if (order_on)
     for (int e = threadIdx.x; e < (a.num_experts + 3) / 4 * 4; e += kThreads)
@@ -1677,7 +1681,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     /* the expert order (a.expert_order): this warp ranks the experts by their rows, staged
      * in ring stage 0 (nothing is loaded there yet) */
     const uint16_t *order = nullptr; /* the expert order matters under tickets only */
-    if constexpr (kOrder) order = order_on && tickets ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
+    if constexpr (kOrder) order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
