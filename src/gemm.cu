@@ -346,12 +346,16 @@ extern "C" mokResult_t mok_gemm_debug_cold_evict(int mode) {
 }
 
 /* Token tiles under tickets walk the experts with most rows first (GemmTileArgs::
- * expert_order), not in index order: routing numbers experts arbitrarily. Measured (docs/
- * PERF.md, session 19, 1x H200, Zipf 1.2 counts in a shuffled order of experts): see the
- * rule's note there. */
-static int expert_order_rule(bool gateup) {
+ * expert_order), not in index order: routing numbers experts arbitrarily, and the tile
+ * order changes the speed. Measured (docs/PERF.md, session 19, 1x H200, Zipf 1.2 counts in
+ * a shuffled order of experts, ours on Zipf rows over ours on balanced rows in one process,
+ * two processes each, this order vs index order in one build): down qwen3.5 0.921 vs 0.890,
+ * kimi 0.963 vs 0.950, glm 0.959 vs 0.954, deepseek-v4-pro 0.896 vs 0.894; gate+up 0.866
+ * vs 0.870, 0.933 vs 0.939, 0.973 vs 0.956, 0.847 vs 0.848; balanced launches (static
+ * schedule, no order) level against the tree without the code. Both kinds: a launch's speed
+ * then depends on its counts, not on the experts' numbering. */
+static int expert_order_rule(void) {
   const int knob = __atomic_load_n(&g_expert_order, __ATOMIC_RELAXED);
-  (void)gateup;
   return knob ? knob == 1 : 1;
 }
 
@@ -532,7 +536,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
   args.eager_rows = eager_rule();
   args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
-  args.expert_order = TOK == 1 && expert_order_rule(KIND == kGateUpFwd);
+  args.expert_order = TOK == 1 && expert_order_rule();
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
   args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;

@@ -388,8 +388,8 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
 /* Expert order of token tiles under tickets (grouped_gemm_kernel, a.expert_order): the
  * experts with most rows first (tok_rows; ties in index order), so that the tile order does
  * not depend on how routing numbers the experts. With the same Zipf counts in a shuffled
- * order of experts, qwen3.5's down launch ran 3.5% slower than with the heaviest expert
- * first (docs/PERF.md, session 19). The rank of expert e: rows holds the experts' tok_rows,
+ * order of experts, qwen3.5's down launch ran 3% slower in index order than in this one
+ * (docs/PERF.md, session 19; gemm.cu expert_order_rule). The rank of expert e: rows holds the experts' tok_rows,
  * padded with -1 to a multiple of 4 (16-byte aligned: the kernel reads it 4 at a time);
  * the same on the host (tests) and in the kernel (grouped_gemm_kernel: a thread an expert). */
 constexpr int kOrderMaxExperts = 512; /* more experts: index order (the order's smem is 1 KB) */
@@ -1016,7 +1016,7 @@ struct TokConfig {
   static constexpr int kStageBytes = kWBytes + RING * kTokUnit * 128;
   static constexpr int kEpiBytes = RING == kTokMaxUnits ? 0 : 2 * 2 * kTokBufBytes;
   static constexpr int kBarBytes = 512;
-  static constexpr int kOrderBytes = 2 * kOrderMaxExperts; /* the expert order (tok_expert_order) */
+  static constexpr int kOrderBytes = 2 * kOrderMaxExperts; /* the expert order (tok_expert_rank) */
   static constexpr int kFit = (kSmemLimit - 1024 - kEpiBytes - kBarBytes - kOrderBytes) / kStageBytes;
   static constexpr int kStages = kFit > 6 ? 6 : kFit;
   static constexpr int kEpiOffset = kStages * kStageBytes;
@@ -1678,9 +1678,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     if (TOK && a.mix && tickets)
       tok_mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
-    /* the expert order (a.expert_order): this warp ranks the experts by their rows, staged
-     * in ring stage 0 (nothing is loaded there yet) */
-    const uint16_t *order = nullptr; /* the expert order matters under tickets only */
+    const uint16_t *order = nullptr; /* the expert order, ranked at the start (order_on) */
     if constexpr (kOrder) order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
