@@ -163,12 +163,14 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     unsigned char seen[kMaxE] = {0};
     for (int e = 0; e < E; ++e) {
       const int k = tok_expert_rank(rows_e, E, e);
-      if (k < 0 || k >= E || seen[k]) return snprintf(why, n, "expert order: rank %d of expert %d taken twice", k, e), 0;
+      if (k < 0 || k >= E || seen[k])
+        return snprintf(why, n, "expert order: rank %d of expert %d out of range or taken twice", k, e), 0;
       seen[k] = 1;
       order[k] = (uint16_t)e;
     }
     for (int i = 1; i < E; ++i)
-      if (rows_e[order[i]] > rows_e[order[i - 1]] || (rows_e[order[i]] == rows_e[order[i - 1]] && order[i] < order[i - 1]))
+      if (rows_e[order[i]] > rows_e[order[i - 1]] ||
+          (rows_e[order[i]] == rows_e[order[i - 1]] && order[i] < order[i - 1]))
         return snprintf(why, n, "expert order: position %d (expert %d, %d rows) after expert %d (%d rows)", i,
                         order[i], rows_e[order[i]], order[i - 1], rows_e[order[i - 1]]), 0;
     ordp = order;

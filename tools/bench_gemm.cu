@@ -542,8 +542,8 @@ static int bench_kind(bench *b, int k) {
   if (b->trace && (k == K_GATEUP || k == K_DOWN) && trace_kind(b, k)) return 1;
   float zms = 0, bms = 0;
   if (b->vs_bal) { /* balanced inputs, the pair, then the run's own inputs back */
-    if (fill_kind(b, k, b->off_bal, b->cnt_bal) || time_pair(b, run_ours, run_ours_bal, (void *)(intptr_t)k, &zms, &bms) ||
-        fill_kind(b, k, b->off, b->cnt))
+    if (fill_kind(b, k, b->off_bal, b->cnt_bal) ||
+        time_pair(b, run_ours, run_ours_bal, (void *)(intptr_t)k, &zms, &bms) || fill_kind(b, k, b->off, b->cnt))
       return 1;
     BCUDA(cudaDeviceSynchronize());
   }
@@ -869,7 +869,8 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   bench b;
   memset(&b, 0, sizeof b);
   const int rc = bench_main(argc, argv, &b);
-  void *bufs[] = {b.off, b.cnt, b.off_bal, b.cnt_bal, b.x, b.wblk, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx, b.wgu_cub, b.cub_out,
+  void *bufs[] = {b.off, b.cnt, b.off_bal, b.cnt_bal, b.x, b.wblk, b.wd, b.act, b.gu, b.y, b.dy, b.dgu, b.dx,
+                  b.wgu_cub, b.cub_out,
                   b.dw0, b.dw1, b.dw2, b.cub_dw, b.bad};
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);

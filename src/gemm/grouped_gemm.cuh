@@ -389,9 +389,10 @@ __host__ __device__ __forceinline__ void gemm_cursor_init(const GemmTileArgs &a,
  * experts with most rows first (tok_rows; ties in index order), so that the tile order does
  * not depend on how routing numbers the experts. With the same Zipf counts in a shuffled
  * order of experts, qwen3.5's down launch ran 3% slower in index order than in this one
- * (docs/PERF.md, session 19; gemm.cu expert_order_rule). The rank of expert e: rows holds the experts' tok_rows,
- * padded with -1 to a multiple of 4 (16-byte aligned: the kernel reads it 4 at a time);
- * the same on the host (tests) and in the kernel (grouped_gemm_kernel: a thread an expert). */
+ * (docs/PERF.md, session 19; gemm.cu expert_order_rule). The rank of expert e: rows holds
+ * the experts' tok_rows, padded with -1 to a multiple of 4 (16-byte aligned: the kernel
+ * reads it 4 at a time); the same on the host (tests) and in the kernel
+ * (grouped_gemm_kernel: a thread an expert). */
 constexpr int kOrderMaxExperts = 512; /* more experts: index order (the order's smem is 1 KB) */
 __host__ __device__ __forceinline__ int tok_expert_rank(const int *rows, int E, int e) {
   const int r = rows[e];
@@ -1650,7 +1651,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   int *order_rows = reinterpret_cast<int *>(smem);
   if (order_on)
     for (int e = threadIdx.x; e < (a.num_experts + 3) / 4 * 4; e += kThreads)
-      order_rows[e] = e < a.num_experts ? tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) : -1;
+      order_rows[e] =
+          e < a.num_experts ? tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) : -1;
   __syncthreads();
   if constexpr (kOrder) {
     if (order_on) {
