@@ -244,23 +244,31 @@ static int run_ours_bal(bench *b, void *ctx) {
   return rc;
 }
 
-/* --vs-balanced: refills, in the layout of (off, cnt) (device arrays), the buffers kind k
- * reads and those of its outputs that later kinds read, with the values the run started
- * with (the same seeds: a row's values depend on its index alone; padding rows zero). */
+/* The row buffers' random values: buffer r's rows of the layout (off, cnt) (device arrays)
+ * from seed + its own offset (a row's values depend on its index alone; padding rows zero),
+ * at the start and again for --vs-balanced. */
+enum { R_X, R_DY, R_ACT, R_GU, R_DGU };
+static int fill_buf(bench *b, int r, const int32_t *off, const int32_t *cnt) {
+  mokBf16 *const p[] = {b->x, b->dy, b->act, b->gu, b->dgu};
+  const int cols[] = {b->H, b->H, b->I, 2 * b->I, 2 * b->I}, seed[] = {1, 2, 7, 8, 9};
+  BMOK(mok_gemm_fill_rows(p[r], b->cap, cols[r], b->seed + seed[r], 1.f, b->E, off, cnt, 0));
+  return 0;
+}
+
+/* --vs-balanced: refills, in the layout of (off, cnt), the buffers kind k reads and those of
+ * its outputs that later kinds read, with the values the run started with. */
 static int fill_kind(bench *b, int k, const int32_t *off, const int32_t *cnt) {
-  struct { mokBf16 *p; int cols; int seed; } f[3];
-  int n = 0;
-  const int H = b->H, I2 = 2 * b->I;
+  int f[3], n = 0;
   switch (k) {
-    case K_GATEUP: f[n++] = {b->x, H, 1}; f[n++] = {b->act, b->I, 7}; f[n++] = {b->gu, I2, 8}; break;
-    case K_DOWN: f[n++] = {b->act, b->I, 7}; break;
-    case K_DDOWN: f[n++] = {b->dy, H, 2}; f[n++] = {b->gu, I2, 8}; f[n++] = {b->dgu, I2, 9}; break;
-    case K_DGATEUP: f[n++] = {b->dgu, I2, 9}; break;
-    case K_WGATEUP: case K_WGATEUP32: f[n++] = {b->dgu, I2, 9}; f[n++] = {b->x, H, 1}; break;
-    default: f[n++] = {b->dy, H, 2}; f[n++] = {b->act, b->I, 7}; break;
+    case K_GATEUP: f[n++] = R_X; f[n++] = R_ACT; f[n++] = R_GU; break;
+    case K_DOWN: f[n++] = R_ACT; break;
+    case K_DDOWN: f[n++] = R_DY; f[n++] = R_GU; f[n++] = R_DGU; break;
+    case K_DGATEUP: f[n++] = R_DGU; break;
+    case K_WGATEUP: case K_WGATEUP32: f[n++] = R_DGU; f[n++] = R_X; break;
+    default: f[n++] = R_DY; f[n++] = R_ACT; break;
   }
   for (int i = 0; i < n; ++i)
-    BMOK(mok_gemm_fill_rows(f[i].p, b->cap, f[i].cols, b->seed + f[i].seed, 1.f, b->E, off, cnt, 0));
+    if (fill_buf(b, f[i], off, cnt)) return 1;
   return 0;
 }
 
@@ -817,8 +825,7 @@ static int bench_main(int argc, char **argv, bench *b) {
    * cuBLAS 686-769 TFLOP/s; docs/PERF.md, session 17) */
   const uint64_t seed = seed_given ? (uint64_t)seed_arg : 0x5eed0000ull ^ (uint64_t)time(NULL);
   b->seed = seed;
-  BMOK(mok_gemm_fill_rows(b->x, b->cap, b->H, seed + 1, 1.f, E, b->off, b->cnt, 0));
-  BMOK(mok_gemm_fill_rows(b->dy, b->cap, b->H, seed + 2, 1.f, E, b->off, b->cnt, 0));
+  if (fill_buf(b, R_X, b->off, b->cnt) || fill_buf(b, R_DY, b->off, b->cnt)) return 1;
   BMOK(mok_gemm_fill_rows(b->wg, (int64_t)E * b->I, b->H, seed + 3, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
   BMOK(mok_gemm_fill_rows(b->wu, (int64_t)E * b->I, b->H, seed + 4, 1.f / sqrtf((float)b->H), 0, NULL, NULL, 0));
   BMOK(mok_gemm_fill_rows(b->wd, (int64_t)E * b->H, b->I, seed + 5, 1.f / sqrtf((float)b->I), 0, NULL, NULL, 0));
@@ -827,9 +834,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   /* the inputs later kinds read from earlier ones (act, g|u, dg|du), random, so that a kind
    * run without the one that writes them (--kinds down) computes and is checked on real
    * data, not on zeros */
-  BMOK(mok_gemm_fill_rows(b->act, b->cap, b->I, seed + 7, 1.f, E, b->off, b->cnt, 0));
-  BMOK(mok_gemm_fill_rows(b->gu, b->cap, 2 * b->I, seed + 8, 1.f, E, b->off, b->cnt, 0));
-  BMOK(mok_gemm_fill_rows(b->dgu, b->cap, 2 * b->I, seed + 9, 1.f, E, b->off, b->cnt, 0));
+  for (int r = R_ACT; r <= R_DGU; ++r)
+    if (fill_buf(b, r, b->off, b->cnt)) return 1;
   BCUBLAS(cublasCreate(&b->cub));
   BCUBLAS(cublasSetStream(b->cub, 0));
   BCUDA(cudaEventCreate(&b->ev0));
