@@ -6,13 +6,16 @@ median and range) and its ratio to cuBLAS of the same runs, sum over sum ("!": a
 failed). Ours and cuBLAS move together by up to +-6% from one process to the next
 (docs/PERF.md, session 17): the ratio is the steadier figure. Zipf runs (their JSON has
 zipf_over_balanced: ours on Zipf rows against ours on balanced rows, in turn in one
-process) get a second table of that figure.
+process) get a second table of that figure, and (their JSON has ours_over_cublas_zipf: cuBLAS
+on the same Zipf rows, the faster of its grouped call and a GEMM an expert, in turn with ours)
+a third: ours over cuBLAS there, and cuBLAS's own Zipf / balanced.
 Usage: ab-table.py DIR "name=...;name=..." (the names in that order)."""
 import collections, glob, json, os, sys
 
 names = [v.split("=", 1)[0] for v in sys.argv[2].split(";") if v]
 d = collections.defaultdict(dict)
 zb = collections.defaultdict(dict)
+cz = collections.defaultdict(dict)
 for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
     tag, name, rep = os.path.basename(f)[:-5].rsplit(".", 2)
     try:
@@ -24,6 +27,8 @@ for f in sorted(glob.glob(sys.argv[1] + "/*.json")):
         d[(tag, r["kind"])][(name, rep)] = (r["tflops"], r["cublas_tflops"], r["ok"])
         if "zipf_over_balanced" in r:
             zb[(tag, r["kind"])][(name, rep)] = r["zipf_over_balanced"]
+        if "ours_over_cublas_zipf" in r:
+            cz[(tag, r["kind"])][(name, rep)] = (r["ours_over_cublas_zipf"], r["cublas_zipf_over_balanced"])
 reps = sorted({rep for v in d.values() for (_, rep) in v}, key=int)
 if len(reps) < 2:  # the two-run layout, missing runs as 0
     reps = ["1", "2"]
@@ -49,4 +54,14 @@ if zb:
         for n in names:
             xs = sorted(v[(n, r)] for r in reps if (n, r) in v)
             row += " %12.3f (%.3f-%.3f)" % (xs[len(xs) // 2], xs[0], xs[-1]) if xs else " %22s" % "-"
+        print(row)
+if cz:
+    print("\n%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) +
+          "   (cuBLAS on the Zipf rows: ours / cuBLAS, in turn; cuBLAS's Zipf / its balanced; medians)")
+    for (tag, kind), v in sorted(cz.items()):
+        row = "%-12s %-8s" % (tag, kind)
+        for n in names:
+            xs = sorted(v[(n, r)][0] for r in reps if (n, r) in v)
+            ys = sorted(v[(n, r)][1] for r in reps if (n, r) in v)
+            row += " %10.3f %11.3f" % (xs[len(xs) // 2], ys[len(ys) // 2]) if xs else " %22s" % "-"
         print(row)

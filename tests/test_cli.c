@@ -80,6 +80,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --vs-balanced maybe", "--vs-balanced on|off"},
       {"bench gemm --expert-order heavy", "--expert-order auto|load|index"},
       {"bench gemm --vs-balanced on --model glm-5.2", "--vs-balanced on needs --routing zipf:S"},
+      {"bench gemm --vs-cublas-zipf yes", "--vs-cublas-zipf on|off"},
+      {"bench gemm --vs-cublas-zipf on --model glm-5.2", "--vs-cublas-zipf on needs --routing zipf:S"},
       {"bench stream --k 100", "--k a multiple of 64"},
       {"bench stream --warp 9", "unknown option --warp"},
       {"bench stream --mixed --k 100", "--k a multiple of 64"}, /* --mixed takes no value */
@@ -141,7 +143,9 @@ MOK_TEST(cli_refuses_shapes_too_large_for_the_reference) {
 
 /* `mok bench gemm` end to end on a small shape: every kind checked against float64 (exit 0
  * only if all are right), and under Zipf routing each kind also timed on balanced rows in
- * the same process (--vs-balanced, on by default there), its ratio printed and in the JSON. */
+ * the same process (--vs-balanced, on by default there), its ratio printed and in the JSON;
+ * and cuBLAS on the Zipf rows (--vs-cublas-zipf, likewise), its grouped call and its GEMM an
+ * expert agreeing (exit 1 otherwise), ours over the faster printed and in the JSON. */
 MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
   NEED_CLI();
   static char out[1 << 16];
@@ -155,6 +159,9 @@ MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
   int lines = 0;
   for (const char *p = out; (p = strstr(p, "zipf / balanced rows, ours in turn:")); ++p) ++lines;
   CHECK_MSG(lines == 8, "%d vs-balanced lines (want one a kind, 8): %s", lines, out);
+  lines = 0;
+  for (const char *p = out; (p = strstr(p, "cuBLAS on the zipf rows (")); ++p) ++lines;
+  CHECK_MSG(lines == 8, "%d vs-cublas-zipf lines (want one a kind, 8): %s", lines, out);
   FILE *f = fopen(json, "r");
   CHECK(f != NULL);
   if (f) {
@@ -170,14 +177,35 @@ MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
       ++fields;
     }
     CHECK_MSG(fields == 8, "%d zipf_over_balanced fields: %s", fields, js);
+    fields = 0;
+    for (const char *p = js; (p = strstr(p, "\"ours_over_cublas_zipf\": ")); ++p) {
+      const double r = atof(p + strlen("\"ours_over_cublas_zipf\": "));
+      CHECK_MSG(r > 0.01 && r < 100, "ours_over_cublas_zipf %g", r);
+      ++fields;
+    }
+    CHECK_MSG(fields == 8, "%d ours_over_cublas_zipf fields: %s", fields, js);
+    fields = 0;
+    for (const char *p = js; (p = strstr(p, "\"cublas_zipf_forms_diff\": ")); ++p) {
+      const double d = atof(p + strlen("\"cublas_zipf_forms_diff\": "));
+      CHECK_MSG(d >= 0 && d < 1e-2, "cublas_zipf_forms_diff %g", d);
+      ++fields;
+    }
+    CHECK_MSG(fields == 8, "%d cublas_zipf_forms_diff fields: %s", fields, js);
   }
   /* off: no such line; balanced routing: none either */
   CHECK(run_cli("bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 --routing zipf:1.2 "
-                "--iters 2 --kinds down --vs-balanced off", out, sizeof out) == 0 &&
-        !strstr(out, "zipf / balanced"));
+                "--iters 2 --kinds down --vs-balanced off --vs-cublas-zipf off", out, sizeof out) == 0 &&
+        !strstr(out, "zipf / balanced") && !strstr(out, "cuBLAS on the zipf rows"));
   CHECK(run_cli("bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 --iters 2 --kinds down",
                 out, sizeof out) == 0 &&
-        !strstr(out, "zipf / balanced"));
+        !strstr(out, "zipf / balanced") && !strstr(out, "cuBLAS on the zipf rows"));
+  /* experts with no rows (80 rows over 40 experts, Zipf 1.5): cuBLAS skips them, ours too */
+  CHECK_MSG(run_cli("bench gemm --hidden 128 --inter 64 --experts 40 --rows-per-expert 2 --routing zipf:1.5 "
+                    "--iters 2 --kinds gateup,wdown", out, sizeof out) == 0,
+            "%s", out);
+  lines = 0;
+  for (const char *p = out; (p = strstr(p, "cuBLAS on the zipf rows (")); ++p) ++lines;
+  CHECK_MSG(lines == 2, "%d vs-cublas-zipf lines with empty experts (want 2): %s", lines, out);
 }
 
 MOK_TEST(cli_info) {

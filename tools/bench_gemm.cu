@@ -28,6 +28,11 @@
  * kind's inputs refilled for each layout), the two in turn as above, and the row prints
  * zipf / balanced of those two medians: the issue's "within 10% of the balanced figure",
  * measured in one process (processes differ by up to +-6%: docs/PERF.md, session 17).
+ * Also under zipf (--vs-cublas-zipf on, its default there): cuBLAS on the same zipf rows
+ * as users run uneven experts today, one cublasGemmGroupedBatchedEx call and a
+ * cublasGemmEx an expert with rows (the two checked to agree on every expert's first and
+ * last output rows), each timed in turn with ours; the row prints the faster, ours over it,
+ * and its own zipf / balanced (against the strided-batched call above).
  * Exit status: 0 ok, 1 a wrong result or a failed call, 2 bad usage. MOK_BENCH_VERBOSE=1
  * prints each stage (run, check) to stderr, to locate a hang.
  */
@@ -96,7 +101,7 @@ static void usage(void) {
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
           "                      [--ddown-tok on|off] [--seed N|clock]\n"
-          "                      [--kinds LIST]\n"
+          "                      [--vs-balanced on|off] [--vs-cublas-zipf on|off] [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
@@ -125,6 +130,8 @@ static void usage(void) {
           "  or in index order (index) (default auto: the library's rule)\n"
           "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
           "  the zipf launch, zipf / balanced printed (default on with zipf)\n"
+          "  --vs-cublas-zipf on|off: under zipf routing, cuBLAS also timed on the zipf rows, as one\n"
+          "  grouped call and as a GEMM an expert, each in turn with ours (default on with zipf)\n"
           "  --seed: the inputs' random seed (default clock: another each run; printed in the header)\n"
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
@@ -154,6 +161,9 @@ typedef struct bench {
   void *dw0, *dw1, *dw2, *cub_dw;
   int *bad;
   cublasHandle_t cub;
+  unsigned long long spin_ns; /* time_pair's spin before each timed launch (0: 50 us) */
+  int vs_cub_zipf;            /* --vs-cublas-zipf: cuBLAS also timed on the zipf rows */
+  struct cub_groups *cg;      /* its per-expert calls (cub_zipf_prep) */
   cudaEvent_t ev0, ev1;
   int wrong;
   FILE *json;
@@ -192,7 +202,7 @@ static int time_pair(bench *b, run_fn fa, run_fn fb, void *ctx, float *ma, float
   int rc = 0;
   for (int i = 0; i < 3 && !rc; ++i) rc = fa(b, ctx) || fb(b, ctx);
   for (int i = 0; i < 2 * b->iters && !rc; ++i) {
-    spin_kernel<<<1, 1>>>(50000ull);
+    spin_kernel<<<1, 1>>>(b->spin_ns ? b->spin_ns : 50000ull);
     cudaEventRecord(b->ev0, 0);
     rc = (i & 1 ? fb : fa)(b, ctx);
     cudaEventRecord(b->ev1, 0);
@@ -339,53 +349,185 @@ static int trace_kind(bench *b, int k) {
   return rc;
 }
 
-/* Row-major C[R, N] = A[R, K] * op(B) mapped to column-major cuBLAS (see each case). */
-static int run_cublas(bench *b, void *ctx) {
-  const int k = (int)(intptr_t)ctx;
-  const float one = 1.f, zero = 0.f;
-  const int E = b->E, H = b->H, I = b->I, R = b->rows_bal;
-  const long long sr = b->seg_bal; /* row stride between experts */
-  const cudaDataType bf = CUDA_R_16BF;
-  cublasStatus_t s = CUBLAS_STATUS_SUCCESS;
+/* Kind k as one cuBLAS GEMM an expert, in column-major terms (row-major C[rows, N] = A[rows,
+ * K] op(B) is C^T = op(B)^T A^T): op[0] A, op[1] B, op[2] C, each a weight (w_stride
+ * elements an expert) or rows (w_stride 0: the expert's rows from its first, ld elements a
+ * row); one of m, n, k is -1: the expert's rows. */
+typedef struct cub_op {
+  const void *p;
+  int ld, esz;
+  long long w_stride;
+} cub_op;
+typedef struct cub_desc {
+  cublasOperation_t ta, tb;
+  int m, n, k;
+  cub_op op[3];
+  cudaDataType ct;
+} cub_desc;
+static cub_desc cub_kind(const bench *b, int k) {
+  const int H = b->H, I = b->I;
+  const long long wgu = 2LL * I * H, wd = (long long)H * I;
+  const cublasOperation_t T = CUBLAS_OP_T, N = CUBLAS_OP_N;
+  const int f32 = k == K_WGATEUP32 || k == K_WDOWN32;
+  cub_desc d;
   switch (k) {
     case K_GATEUP: /* gu[R, 2I] = x[R, H] Wgu[2I, H]^T: col-major gu^T = Wgu^T(T) x^T */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_T, CUBLAS_OP_N, 2 * I, R, H, &one, b->wgu_cub, bf, H,
-                                     2LL * I * H, b->x, bf, H, sr * H, &zero, b->cub_out, bf, 2 * I, sr * 2 * I, E,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      d = {T, N, 2 * I, -1, H, {{b->wgu_cub, H, 2, wgu}, {b->x, H, 2, 0}, {b->cub_out, 2 * I, 2, 0}}, CUDA_R_16BF};
       break;
     case K_DOWN: /* y[R, H] = act[R, I] Wd[H, I]^T */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_T, CUBLAS_OP_N, H, R, I, &one, b->wd, bf, I, (long long)H * I,
-                                     b->act, bf, I, sr * I, &zero, b->cub_out, bf, H, sr * H, E, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
+      d = {T, N, H, -1, I, {{b->wd, I, 2, wd}, {b->act, I, 2, 0}, {b->cub_out, H, 2, 0}}, CUDA_R_16BF};
       break;
     case K_DDOWN: /* da[R, I] = dy[R, H] Wd[H, I] */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_N, I, R, H, &one, b->wd, bf, I, (long long)H * I,
-                                     b->dy, bf, H, sr * H, &zero, b->cub_out, bf, I, sr * I, E, CUBLAS_COMPUTE_32F,
-                                     CUBLAS_GEMM_DEFAULT);
+      d = {N, N, I, -1, H, {{b->wd, I, 2, wd}, {b->dy, H, 2, 0}, {b->cub_out, I, 2, 0}}, CUDA_R_16BF};
       break;
     case K_DGATEUP: /* dx[R, H] = dgu[R, 2I] Wgu[2I, H] */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_N, H, R, 2 * I, &one, b->wgu_cub, bf, H,
-                                     2LL * I * H, b->dgu, bf, 2 * I, sr * 2 * I, &zero, b->cub_out, bf, H, sr * H, E,
-                                     CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      d = {N, N, H, -1, 2 * I, {{b->wgu_cub, H, 2, wgu}, {b->dgu, 2 * I, 2, 0}, {b->cub_out, H, 2, 0}}, CUDA_R_16BF};
       break;
     case K_WGATEUP:
     case K_WGATEUP32: /* dWgu[2I, H] = dgu[R, 2I]^T x[R, H]: col-major dWgu^T = x^T(N) dgu(T) */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_T, H, 2 * I, R, &one, b->x, bf, H, sr * H, b->dgu,
-                                     bf, 2 * I, sr * 2 * I, &zero, b->cub_dw, k == K_WGATEUP ? bf : CUDA_R_32F, H,
-                                     2LL * I * H, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+      d = {N, T, H, 2 * I, -1, {{b->x, H, 2, 0}, {b->dgu, 2 * I, 2, 0}, {b->cub_dw, H, f32 ? 4 : 2, wgu}},
+           f32 ? CUDA_R_32F : CUDA_R_16BF};
       break;
-    case K_WDOWN:
-    case K_WDOWN32: /* dWd[H, I] = dy[R, H]^T act[R, I] */
-      s = cublasGemmStridedBatchedEx(b->cub, CUBLAS_OP_N, CUBLAS_OP_T, I, H, R, &one, b->act, bf, I, sr * I, b->dy,
-                                     bf, H, sr * H, &zero, b->cub_dw, k == K_WDOWN ? bf : CUDA_R_32F, I,
-                                     (long long)H * I, E, CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
+    default: /* K_WDOWN, K_WDOWN32: dWd[H, I] = dy[R, H]^T act[R, I] */
+      d = {N, T, I, H, -1, {{b->act, I, 2, 0}, {b->dy, H, 2, 0}, {b->cub_dw, I, f32 ? 4 : 2, wd}},
+           f32 ? CUDA_R_32F : CUDA_R_16BF};
       break;
   }
+  return d;
+}
+
+/* Kind k on the balanced rows: one strided-batched call, E_l batches of rows_bal rows. */
+static int run_cublas(bench *b, void *ctx) {
+  const int k = (int)(intptr_t)ctx;
+  const float one = 1.f, zero = 0.f;
+  const cub_desc d = cub_kind(b, k);
+  const int R = b->rows_bal;
+  long long st[3];
+  for (int q = 0; q < 3; ++q) st[q] = d.op[q].w_stride ? d.op[q].w_stride : b->seg_bal * d.op[q].ld;
+  const cudaDataType bf = CUDA_R_16BF;
+  const cublasStatus_t s = cublasGemmStridedBatchedEx(
+      b->cub, d.ta, d.tb, d.m < 0 ? R : d.m, d.n < 0 ? R : d.n, d.k < 0 ? R : d.k, &one, d.op[0].p, bf, d.op[0].ld,
+      st[0], d.op[1].p, bf, d.op[1].ld, st[1], &zero, (void *)d.op[2].p, d.ct, d.op[2].ld, st[2], b->E,
+      CUBLAS_COMPUTE_32F, CUBLAS_GEMM_DEFAULT);
   if (s != CUBLAS_STATUS_SUCCESS) {
     fprintf(stderr, "bench gemm: cuBLAS %s: status %d\n", kKindName[k], (int)s);
     return 1;
   }
   return 0;
+}
+
+/* --vs-cublas-zipf: kind k on the zipf rows as cuBLAS runs uneven experts today, one GEMM
+ * an expert with rows (n of them): in one grouped call (cublasGemmGroupedBatchedEx, the
+ * pointers in device memory) or in a loop of cublasGemmEx calls. */
+struct cub_groups {
+  int n, kind;
+  int grouped_ok; /* 0: this cuBLAS's grouped call does not take the kind's types */
+  cublasOperation_t *ta, *tb;
+  int *m, *nn, *kk, *lda, *ldb, *ldc, *size;
+  float *alpha, *beta;
+  const void **hp; /* [3][E]: A, B, C */
+  void **dp;       /* its device copy */
+};
+static void *cub_ptr(const cub_op &o, int e, int64_t off) {
+  return (char *)o.p + (size_t)o.esz * (size_t)(o.w_stride ? e * o.w_stride : off * o.ld);
+}
+static int cub_zipf_prep(bench *b, int k) {
+  struct cub_groups *g = b->cg;
+  const cub_desc d = cub_kind(b, k);
+  const int E = b->E;
+  g->n = 0, g->kind = k, g->grouped_ok = 1;
+  for (int e = 0; e < E; ++e) {
+    const int r = b->cnt_h[e], q = g->n;
+    if (!r) continue;
+    g->ta[q] = d.ta, g->tb[q] = d.tb, g->m[q] = d.m < 0 ? r : d.m, g->nn[q] = d.n < 0 ? r : d.n;
+    g->kk[q] = d.k < 0 ? r : d.k, g->lda[q] = d.op[0].ld, g->ldb[q] = d.op[1].ld, g->ldc[q] = d.op[2].ld;
+    g->alpha[q] = 1.f, g->beta[q] = 0.f, g->size[q] = 1;
+    for (int o = 0; o < 3; ++o) g->hp[o * E + q] = cub_ptr(d.op[o], e, b->off_h[e]);
+    g->n++;
+  }
+  BCUDA(cudaMemcpy(g->dp, g->hp, sizeof(void *) * 3 * (size_t)E, cudaMemcpyHostToDevice));
+  return 0;
+}
+static int run_cublas_grouped(bench *b, void *ctx) {
+  (void)ctx;
+  const struct cub_groups *g = b->cg;
+  const int E = b->E;
+  const cublasStatus_t s = cublasGemmGroupedBatchedEx(
+      b->cub, g->ta, g->tb, g->m, g->nn, g->kk, g->alpha, (const void *const *)g->dp, CUDA_R_16BF, g->lda,
+      (const void *const *)(g->dp + E), CUDA_R_16BF, g->ldb, g->beta, g->dp + 2 * E, cub_kind(b, g->kind).ct, g->ldc,
+      g->n, g->size, CUBLAS_COMPUTE_32F);
+  if (s == CUBLAS_STATUS_NOT_SUPPORTED || s == CUBLAS_STATUS_INVALID_VALUE) { /* (the fp32 outputs) */
+    b->cg->grouped_ok = 0;
+    return 0;
+  }
+  if (s != CUBLAS_STATUS_SUCCESS) {
+    fprintf(stderr, "bench gemm: cublasGemmGroupedBatchedEx %s: status %d\n", kKindName[g->kind], (int)s);
+    return 1;
+  }
+  return 0;
+}
+static int run_cublas_loop(bench *b, void *ctx) {
+  (void)ctx;
+  const struct cub_groups *g = b->cg;
+  const int E = b->E;
+  const cudaDataType ct = cub_kind(b, g->kind).ct;
+  for (int q = 0; q < g->n; ++q) {
+    const cublasStatus_t s = cublasGemmEx(b->cub, g->ta[q], g->tb[q], g->m[q], g->nn[q], g->kk[q], &g->alpha[q],
+                                          g->hp[q], CUDA_R_16BF, g->lda[q], g->hp[E + q], CUDA_R_16BF, g->ldb[q],
+                                          &g->beta[q], (void *)g->hp[2 * E + q], ct, g->ldc[q], CUBLAS_COMPUTE_32F,
+                                          CUBLAS_GEMM_DEFAULT);
+    if (s != CUBLAS_STATUS_SUCCESS) {
+      fprintf(stderr, "bench gemm: cublasGemmEx %s: status %d\n", kKindName[g->kind], (int)s);
+      return 1;
+    }
+  }
+  return 0;
+}
+
+/* The two cuBLAS forms must compute the same thing: each writes, from a NaN-filled output,
+ * the first and last output rows (ldc elements each, in column-major terms) of every
+ * expert's GEMM; -1 on a failed call, else the relative L2 difference between the two
+ * forms on those rows (+inf where one left NaN; where the grouped call does not take the
+ * kind's types (grouped_ok 0), 0 if the loop wrote every such row). */
+static double cub_zipf_agree(bench *b) {
+  const struct cub_groups *g = b->cg;
+  const int E = b->E, esz = cub_kind(b, g->kind).ct == CUDA_R_32F ? 4 : 2;
+  size_t cols = 0;
+  for (int q = 0; q < g->n; ++q) cols += 2 * (size_t)g->ldc[q];
+  float *v[2] = {(float *)malloc(cols * sizeof(float)), (float *)malloc(cols * sizeof(float))};
+  void *row = malloc((size_t)4 * (b->H > 2 * b->I ? b->H : 2 * b->I));
+  double r = -1;
+  for (int f = 0; f < 2 && v[0] && v[1] && row; ++f) {
+    for (int q = 0; q < g->n; ++q) /* NaN into the two rows of each output */
+      for (int t = 0; t < 2; ++t)
+        cudaMemset((char *)g->hp[2 * E + q] + (size_t)esz * g->ldc[q] * (t ? g->nn[q] - 1 : 0), 0xFF,
+                   (size_t)esz * g->ldc[q]);
+    if ((f ? run_cublas_loop : run_cublas_grouped)(b, NULL) || cudaDeviceSynchronize() != cudaSuccess) goto done;
+    if (!g->grouped_ok && !f) continue; /* (v[0] stays unread) */
+    size_t at = 0;
+    for (int q = 0; q < g->n; ++q)
+      for (int t = 0; t < 2; ++t) {
+        if (cudaMemcpy(row, (char *)g->hp[2 * E + q] + (size_t)esz * g->ldc[q] * (t ? g->nn[q] - 1 : 0),
+                       (size_t)esz * g->ldc[q], cudaMemcpyDeviceToHost) != cudaSuccess)
+          goto done;
+        for (int c = 0; c < g->ldc[q]; ++c)
+          v[f][at++] = esz == 4 ? ((float *)row)[c] : (float)MOK_B2D(((uint16_t *)row)[c]);
+      }
+  }
+  if (v[0] && v[1] && row) {
+    double num = 0, den = 0;
+    if (!g->grouped_ok) memcpy(v[0], v[1], cols * sizeof(float));
+    for (size_t i = 0; i < cols; ++i) {
+      if (v[0][i] != v[0][i] || v[1][i] != v[1][i]) { num = INFINITY; break; }
+      num += ((double)v[0][i] - v[1][i]) * ((double)v[0][i] - v[1][i]), den += (double)v[1][i] * v[1][i];
+    }
+    r = isinf(num) ? INFINITY : den > 0 ? sqrt(num / den) : num > 0 ? INFINITY : 0;
+  }
+done:
+  free(v[0]);
+  free(v[1]);
+  free(row);
+  return r;
 }
 
 /* ---- correctness on sampled rows -------------------------------------------------------- */
@@ -555,6 +697,25 @@ static int bench_kind(bench *b, int k) {
       return 1;
     BCUDA(cudaDeviceSynchronize());
   }
+  /* --vs-cublas-zipf: cuBLAS on the zipf rows, as one grouped call and as a GEMM an expert,
+   * each timed in turn with ours (the loop's host work, ~10 us a call, hidden behind a
+   * longer spin) once the two are seen to agree */
+  float gz = 0, gms = 0, lz = 0, lms = 0;
+  double agree = 0;
+  if (b->vs_cub_zipf) {
+    if (cub_zipf_prep(b, k) || (agree = cub_zipf_agree(b)) < 0) return 1;
+    if (!(agree < 1e-2)) {
+      fprintf(stderr, "bench gemm: %s: cuBLAS's grouped call and its GEMM an expert differ on the zipf rows (%.2e)\n",
+              kKindName[k], agree);
+      b->wrong = 1;
+    }
+    if (!b->cg->grouped_ok) gz = 1, gms = INFINITY; /* not timed */
+    else if (time_pair(b, run_ours, run_cublas_grouped, (void *)(intptr_t)k, &gz, &gms)) return 1;
+    b->spin_ns = 50000ull + 10000ull * (unsigned long long)b->cg->n;
+    const int rc = time_pair(b, run_ours, run_cublas_loop, (void *)(intptr_t)k, &lz, &lms);
+    b->spin_ns = 0;
+    if (rc) return 1;
+  }
   /* cuBLAS does the same useful work on balanced rows: rows_bal * E (== R when balanced) */
   const double cflop = flop / R * ((double)b->rows_bal * E);
   const double tf = flop / (ms * 1e-3) / 1e12, ctf = cflop / (cms * 1e-3) / 1e12;
@@ -563,6 +724,16 @@ static int bench_kind(bench *b, int k) {
   if (b->vs_bal)
     printf("%-20s %-24s %8.3f %8.1f  zipf / balanced rows, ours in turn: %.3f (zipf %.3f ms)\n", "", "balanced rows",
            bms, flop / (bms * 1e-3) / 1e12, bms / zms, zms);
+  const int grp = gms <= lms; /* the faster cuBLAS form on the zipf rows */
+  const double cz_ms = grp ? gms : lms, ours_cz = b->vs_cub_zipf ? (grp ? gms / gz : lms / lz) : 0;
+  const double cz_tf = b->vs_cub_zipf ? flop / (cz_ms * 1e-3) / 1e12 : 0;
+  char gtxt[48];
+  if (b->vs_cub_zipf && b->cg->grouped_ok) snprintf(gtxt, sizeof gtxt, "%.3f", gms);
+  else snprintf(gtxt, sizeof gtxt, "n/a (not for these types)");
+  if (b->vs_cub_zipf)
+    printf("%-20s %-24s %8.3f %8.1f  cuBLAS on the zipf rows (%s faster): grouped %s ms, a GEMM an expert %.3f ms; "
+           "ours / it, in turn: %.3f; its zipf / its balanced: %.3f\n",
+           "", "cuBLAS zipf rows", cz_ms, cz_tf, grp ? "grouped" : "per expert", gtxt, lms, ours_cz, cz_tf / ctf);
   if (b->sclk && (k == K_GATEUP || k == K_DOWN) && sclk_kind(b, k)) return 1;
   if (b->json) {
     fprintf(b->json,
@@ -573,10 +744,14 @@ static int bench_kind(bench *b, int k) {
             (long long)b->rows_used, ms, tf, cms, ctf, tf / ctf, bytes / (ms * 1e-3) / 1e9, isfinite(rel) ? rel : -1.0,
             ok ? "true" : "false");
     if (b->vs_bal)
-      fprintf(b->json, ", \"zipf_ms\": %.5f, \"balanced_ms\": %.5f, \"zipf_over_balanced\": %.4f}", zms, bms,
+      fprintf(b->json, ", \"zipf_ms\": %.5f, \"balanced_ms\": %.5f, \"zipf_over_balanced\": %.4f", zms, bms,
               bms / zms);
-    else
-      fprintf(b->json, "}");
+    if (b->vs_cub_zipf)
+      fprintf(b->json,
+              ", \"cublas_zipf_grouped_ms\": %.5f, \"cublas_zipf_loop_ms\": %.5f, \"cublas_zipf_tflops\": %.2f, "
+              "\"ours_over_cublas_zipf\": %.4f, \"cublas_zipf_over_balanced\": %.4f, \"cublas_zipf_forms_diff\": %.3e",
+              isfinite(gms) ? gms : -1.0, lms, cz_tf, ours_cz, cz_tf / ctf, isfinite(agree) ? agree : -1.0);
+    fprintf(b->json, "}");
     b->json_first = 0;
   }
   return 0;
@@ -595,6 +770,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   unsigned long long seed_arg = 0;
   int seed_given = 0;
   int vs_bal = -1; /* --vs-balanced: -1 the default (on with zipf routing) */
+  int vs_cz = -1;  /* --vs-cublas-zipf: likewise */
   int tok_ring = 0, row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
@@ -706,6 +882,10 @@ static int bench_main(int argc, char **argv, bench *b) {
       vs_bal = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -2;
       if (vs_bal < -1) { fprintf(stderr, "bench gemm: --vs-balanced on|off\n"); return 2; }
     }
+    else if (!strcmp(a, "--vs-cublas-zipf")) {
+      vs_cz = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -2;
+      if (vs_cz < -1) { fprintf(stderr, "bench gemm: --vs-cublas-zipf on|off\n"); return 2; }
+    }
     else if (!strcmp(a, "--routing")) {
       if (!strcmp(v, "uniform")) zipf = 0;
       else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) {
@@ -777,6 +957,11 @@ static int bench_main(int argc, char **argv, bench *b) {
     fprintf(stderr, "bench gemm: --vs-balanced on needs --routing zipf:S\n");
     return 2;
   }
+  b->vs_cub_zipf = zipf > 0 && vs_cz != 0;
+  if (vs_cz == 1 && zipf <= 0) {
+    fprintf(stderr, "bench gemm: --vs-cublas-zipf on needs --routing zipf:S\n");
+    return 2;
+  }
   snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R,
            zipf <= 0 ? "" : zipf_order == 1 ? " zipf-shuf" : zipf_order == 2 ? " zipf-rev" : " zipf");
 
@@ -812,6 +997,22 @@ static int bench_main(int argc, char **argv, bench *b) {
   BCUDA(cudaMalloc(&b->dw2, wsz * 4));
   BCUDA(cudaMalloc(&b->cub_dw, wsz * 8));
   BCUDA(cudaMalloc(&b->bad, sizeof(int)));
+  if (b->vs_cub_zipf) {
+    struct cub_groups *g = b->cg = (struct cub_groups *)calloc(1, sizeof *g);
+    if (!g) return 1;
+    const size_t n = (size_t)E;
+    g->ta = (cublasOperation_t *)calloc(n, sizeof *g->ta), g->tb = (cublasOperation_t *)calloc(n, sizeof *g->tb);
+    int **ia[] = {&g->m, &g->nn, &g->kk, &g->lda, &g->ldb, &g->ldc, &g->size};
+    for (size_t i = 0; i < sizeof ia / sizeof ia[0]; ++i) *ia[i] = (int *)calloc(n, sizeof(int));
+    g->alpha = (float *)calloc(n, sizeof(float)), g->beta = (float *)calloc(n, sizeof(float));
+    g->hp = (const void **)calloc(3 * n, sizeof(void *));
+    if (!g->ta || !g->tb || !g->m || !g->nn || !g->kk || !g->lda || !g->ldb || !g->ldc || !g->size || !g->alpha ||
+        !g->beta || !g->hp) {
+      fprintf(stderr, "bench gemm: out of host memory\n");
+      return 1;
+    }
+    BCUDA(cudaMalloc(&g->dp, 3 * n * sizeof(void *)));
+  }
   b->rows.num_experts = E;
   b->rows.capacity = b->cap;
   b->rows.expert_offset = b->off;
@@ -881,6 +1082,12 @@ extern "C" int mok_bench_gemm_main(int argc, char **argv) {
   for (size_t i = 0; i < sizeof bufs / sizeof bufs[0]; ++i)
     if (bufs[i]) cudaFree(bufs[i]);
   if (b.cub) cublasDestroy(b.cub);
+  if (b.cg) {
+    struct cub_groups *g = b.cg;
+    if (g->dp) cudaFree(g->dp);
+    free(g->ta); free(g->tb); free(g->m); free(g->nn); free(g->kk); free(g->lda); free(g->ldb); free(g->ldc);
+    free(g->size); free(g->alpha); free(g->beta); free(g->hp); free(g);
+  }
   if (b.trace) fclose(b.trace);
   free(b.off_h);
   free(b.cnt_h);
