@@ -261,10 +261,16 @@ static unsigned long long *g_sclk = NULL; /* stage-clock counters (mok_gemm_debu
  * 8): gate+up qwen3.5 +4%, kimi +0..3%, glm +5%, deepseek-v4-pro +4%; down +5%, +5%, +1.5%,
  * +8%. The unsplit form (the one-tile experts' tiles spread evenly over the order) loses
  * gate+up 4-8% against expert order: its weight streams evict the rows a raster group
- * still rereads; split, those streams run on their own CTAs from the start. */
+ * still rereads; split, those streams run on their own CTAs from the start. Also both
+ * data-gradient kinds on their 128-row tiles (row_mix_counts' rule; session 20, Zipf 1.2
+ * over balanced in one process, off / on: dgrad gate+up deepseek-v4-pro 0.753 / 0.818,
+ * qwen3.5 0.909 / 0.948, kimi 0.923 / 0.965, glm 0.905-0.970 / 0.923; dgrad down 0.776 /
+ * 0.821, 0.947 / 0.989, 0.915 / 0.949, 0.864 / 0.893). Weight gradients never mix. */
 static int mix_rule(int kind) {
   const int knob = __atomic_load_n(&g_mix, __ATOMIC_RELAXED);
-  return knob ? knob == 1 : kind == mokGemmDownFwd || kind == mokGemmGateUpFwd;
+  return knob ? knob == 1
+              : kind == mokGemmDownFwd || kind == mokGemmGateUpFwd || kind == mokGemmDownDgrad ||
+                    kind == mokGemmGateUpDgrad;
 }
 
 /* A process-wide debug knob of modes 0 (the default) .. hi: refuses others, else stores it. */
@@ -718,6 +724,7 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 64, "gu"));
   MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 64, "dgu"));
   a.tm_out1 = a.tm_out0;
+  a.mix = mix_rule(mokGemmDownDgrad);
   return launch_bn<kDownDgrad>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
 }
 
@@ -743,6 +750,7 @@ extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidd
   a.b_rows = inter;
   MOK_CHECK(make_map(&a.tm_out0, dx, hidden, rows->capacity, 64, "dx"));
   a.tm_out1 = a.tm_aux = a.tm_out0;
+  a.mix = mix_rule(mokGemmGateUpDgrad);
   return launch_bn<kGateUpDgrad>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 

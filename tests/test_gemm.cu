@@ -176,7 +176,7 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     ordp = order;
   }
   static TileCoord want[kMaxTiles], want1[kMaxTiles]; /* TOK 2: a pair's rank 0 and rank 1 tiles */
-  static unsigned char single[kMaxTiles]; /* token tiles: the tile's expert has one tile per output block */
+  static unsigned char single[kMaxTiles]; /* the tile's expert has one tile per output block (mix order) */
   int total = 0;
   for (int pos = 0; pos < E; ++pos) {
     const int e = ordp ? ordp[pos] : pos;
@@ -296,7 +296,9 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
     if (!gemm_decode_tile<KIND, BN, TOK>(a, cu, t, c) || !same(c, want[t]) || !rank1_ok(t, -1))
       return snprintf(why, n, "random order: tile %d of %d wrong", t, total), 0;
   }
-  if (TOK && total > 0) { /* mix order: the single-tile experts' tiles merged evenly into the others' */
+  /* mix order (token tiles; the data gradients' 128-row tiles): the single-tile experts'
+   * tiles merged evenly into the others', each class from a cursor of its own */
+  if ((TOK || KIND == mok_sm90::kDownDgrad || KIND == mok_sm90::kGateUpDgrad) && total > 0) {
     int C = 0;
     for (int t = 0; t < total; ++t) C += single[t];
     static TileCoord list[2][kMaxTiles], merged[kMaxTiles], list1[2][kMaxTiles], merged1[kMaxTiles];
@@ -335,6 +337,7 @@ MOK_TEST(gemm_schedule_decode_matches_enumeration) {
     CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256>(&r, why, sizeof why)), "gate+up fwd: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 192>(&r, why, sizeof why)), "down fwd: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kDownDgrad, 128>(&r, why, sizeof why)), "down dgrad: %s", why);
+    CHECK_MSG((check_schedule<mok_sm90::kGateUpDgrad, 256>(&r, why, sizeof why)), "gate+up dgrad: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kWgradGateUp, 256>(&r, why, sizeof why)), "wgrad: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kGateUpFwd, 256, 1>(&r, why, sizeof why)), "gate+up token tiles: %s", why);
     CHECK_MSG((check_schedule<mok_sm90::kDownFwd, 256, 1>(&r, why, sizeof why)), "down token tiles: %s", why);
@@ -881,6 +884,75 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   CHECK_MSG(!bad_act, "act differs between the static and the %s schedule", names[bad_act]);
   CHECK_MSG(!bad_y, "y differs between the static and the %s schedule", names[bad_y]);
   CHECK_MSG(!bad_dw, "dW_gate differs between the static and the %s schedule", names[bad_dw]);
+}
+
+/* ---- GPU: the data gradients' schedule is invisible too ------------------------------ */
+MOK_GPU_TEST(gemm_gpu_dgrad_schedule_is_bitwise_invisible, 1) {
+  /* Both data-gradient kinds (128-row tiles) on uneven experts (64-row tails, so tickets;
+   * one-tile experts of 64, 33 and 120 rows beside multi-tile ones; an empty expert) under
+   * static round-robin, tickets in expert order (mix off), tickets in split mix order by
+   * the rule (the one-tile experts' tiles on the first P CTAs, from a counter of their own),
+   * split with 2 and with 100 CTAs, and the library's own choice: every output bit (dg|du
+   * of down dgrad, dx of gate+up dgrad; every row random, padding rows included) must
+   * agree; outputs are
+   * NaN-filled before each run, so a tile no CTA ran shows. */
+  enum { E = 7, H = 512, I = 384, kRuns = 6 };
+  static const int counts[E] = {380, 64, 0, 190, 1000, 33, 120};
+  int32_t off_h[E + 1] = {0};
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  const int64_t cap = off_h[E];
+  const size_t wsz = (size_t)E * I * H;
+  int32_t *off = NULL;
+  mokBf16 *dy = NULL, *gu = NULL, *wd = NULL, *wgu = NULL, *dgu_in = NULL, *dgu = NULL, *dx = NULL;
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  CHECK(cudaMalloc(&dy, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&gu, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&dgu_in, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&dgu, (size_t)cap * I * 4) == cudaSuccess);
+  CHECK(cudaMalloc(&dx, (size_t)cap * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wd, wsz * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wgu, 2 * wsz * 2) == cudaSuccess);
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  const uint64_t seed = test_seed() ^ 0xd9ad;
+  CHECK_OK(mok_gemm_fill_rows(dy, cap, H, seed + 1, 1.0f, 0, NULL, NULL, 0));
+  CHECK_OK(mok_gemm_fill_rows(gu, cap, 2 * I, seed + 2, 1.0f, 0, NULL, NULL, 0));
+  CHECK_OK(mok_gemm_fill_rows(dgu_in, cap, 2 * I, seed + 3, 1.0f, 0, NULL, NULL, 0));
+  CHECK_OK(mok_gemm_fill_rows(wd, (int64_t)E * H, I, seed + 4, 1.0f / sqrtf((float)I), 0, NULL, NULL, 0));
+  CHECK_OK(mok_gemm_fill_rows(wgu, 2 * (int64_t)E * I, H, seed + 5, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  const mokGemmRows_t rows = {E, cap, off};
+  static const char *names[kRuns] = {"static", "tickets, expert order", "tickets, split by the rule",
+                                     "tickets, split with 2 CTAs", "tickets, split with 100 CTAs", "the rule"};
+  uint16_t *h_dgu[kRuns], *h_dx[kRuns];
+  for (int m = 0; m < kRuns; ++m) {
+    h_dgu[m] = (uint16_t *)malloc((size_t)cap * I * 4);
+    h_dx[m] = (uint16_t *)malloc((size_t)cap * H * 2);
+  }
+  for (int m = 0; m < kRuns && !t->failed; ++m) {
+    CHECK_OK(mok_gemm_debug_sched(m == 0 ? 1 : m == 5 ? 0 : 2, 1));
+    CHECK_OK(mok_gemm_debug_tiles(0, 0, m == 1 ? 2 : m == 5 ? 0 : 1));
+    CHECK_OK(mok_gemm_debug_mix_ctas(m == 3 ? 2 : m == 4 ? 100 : 0));
+    CHECK(cudaMemset(dgu, 0xFF, (size_t)cap * I * 4) == cudaSuccess);
+    CHECK(cudaMemset(dx, 0xFF, (size_t)cap * H * 2) == cudaSuccess);
+    CHECK_OK(mok_gemm_down_dgrad(&rows, H, I, 0.0f, dy, wd, gu, dgu, 0));
+    CHECK_OK(mok_gemm_gateup_dgrad(&rows, H, I, dgu_in, wgu, wgu + wsz, dx, 0));
+    CHECK(cudaMemcpy(h_dgu[m], dgu, (size_t)cap * I * 4, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(h_dx[m], dx, (size_t)cap * H * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+  }
+  mok_gemm_debug_sched(0, 1);
+  mok_gemm_debug_tiles(0, 0, 0);
+  mok_gemm_debug_mix_ctas(0);
+  int nan0 = 0;
+  for (int64_t i = 0; i < cap * H && !t->failed; ++i) nan0 += h_dx[0][i] == 0xFFFF;
+  for (int64_t i = 0; i < cap * 2 * I && !t->failed; ++i) nan0 += h_dgu[0][i] == 0xFFFF;
+  CHECK_MSG(nan0 == 0, "%d outputs of the static run left unwritten", nan0);
+  for (int m = 1; m < kRuns && !t->failed; ++m) {
+    CHECK_MSG(!memcmp(h_dgu[0], h_dgu[m], (size_t)cap * I * 4), "dg|du differs between the static and the %s schedule",
+              names[m]);
+    CHECK_MSG(!memcmp(h_dx[0], h_dx[m], (size_t)cap * H * 2), "dx differs between the static and the %s schedule",
+              names[m]);
+  }
+  for (int m = 0; m < kRuns; ++m) { free(h_dgu[m]); free(h_dx[m]); }
+  cudaFree(off); cudaFree(dy); cudaFree(gu); cudaFree(dgu_in); cudaFree(dgu); cudaFree(dx); cudaFree(wd); cudaFree(wgu);
 }
 
 /* The layout of the diagnostics tests: 64-row segments of these rows (an empty expert, a

@@ -136,13 +136,15 @@ struct GemmTileArgs {
   int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
                      tiles, every output block of a group before the next group */
   int tok_units;  /* token tiles: most 16-row units a tile (1 .. kTokMaxUnits) */
-  int mix;        /* token tiles under tickets: mix order (mix_tile; gemm.cu: the rule) */
+  int mix;        /* token tiles, or the data gradients' 128-row tiles, under tickets: mix
+                     order (mix_tile; gemm.cu: the rule) */
   int eager_rows; /* token tiles of at most eager_rows rows give each stage but the last back
                      once its own MMAs are done (wgmma.wait_group 0), not once the next stage
                      has landed: one more stage in flight for the weight streams of few rows
                      (tok_consume_nt; only tiles of <= kTokEagerMaxRows rows can); 0 = never */
-  int mix_ctas;   /* mix order, token tiles (not pairs): split the CTAs instead of the order
-                     (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' rule)
+  int mix_ctas;   /* mix order (not token pairs): split the CTAs instead of the order
+                     (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' or
+                     row_mix_counts' rule)
                      run the one-tile experts' tiles, the rest the others'; -1: no split, the
                      one-tile experts' tiles spread over the order (mix_tile) */
   int stagger;    /* token tiles under the static schedule: expert 0's tiles at most half as
@@ -408,13 +410,15 @@ __host__ __device__ __forceinline__ int tok_expert_rank(const int *rows, int E, 
   }
   return rank;
 }
-/* Tiles of the cursor's expert per output block. cls (token tiles, mix order): -1 every
- * expert; 1 only experts of one tile per output block, 0 only the others (the tiles of
- * an expert of the other class count 0). */
-template <int TOK>
+/* Tiles of the cursor's expert per output block. cls (mix order: token tiles, or with
+ * MIX the data gradients' 128-row tiles): -1 every expert; 1 only experts of one tile per
+ * output block, 0 only the others (the tiles of an expert of the other class count 0).
+ * Other row-grouped kinds never mix: cls is not read (their code as before the data
+ * gradients mixed). */
+template <int TOK, bool MIX = TOK != 0>
 __host__ __device__ __forceinline__ int cursor_row_tiles(const GemmCursor &cu, int tok_units, int cls = -1) {
-  if (!TOK) return (cu.o1 - cu.o0 + kBM - 1) / kBM;
-  const int mt = tok_tiles(cu.n, tok_units);
+  if (!TOK && !MIX) return (cu.o1 - cu.o0 + kBM - 1) / kBM;
+  const int mt = TOK ? tok_tiles(cu.n, tok_units) : (cu.o1 - cu.o0 + kBM - 1) / kBM;
   return cls < 0 || (mt <= 1) == (cls == 1) ? mt : 0;
 }
 /* Token tiles in CTA pairs (TOK 2, a cluster of two CTAs that load the operand their
@@ -428,9 +432,9 @@ __host__ __device__ __forceinline__ int pair_units(int mt, int n_tiles) {
   return mt / 2 * n_tiles + (mt & 1) * (n_tiles / 2);
 }
 /* Schedule units (tiles, or pairs of them under TOK 2) of the cursor's expert. */
-template <int TOK>
+template <int TOK, bool MIX = TOK != 0>
 __host__ __device__ __forceinline__ int cursor_units(const GemmCursor &cu, int tok_units, int n_tiles, int cls = -1) {
-  const int mt = cursor_row_tiles<TOK>(cu, tok_units, cls);
+  const int mt = cursor_row_tiles<TOK, MIX>(cu, tok_units, cls);
   return TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
 }
 /* Mix order (token tiles under tickets): of T tiles, C belong to experts of one tile per
@@ -453,6 +457,7 @@ __host__ __device__ __forceinline__ int tok_out_cols() {
 template <int KIND, int BN, int TOK = 0>
 __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
                                                           TileCoord &c, int cls = -1, int rank = 0) {
+  constexpr bool kMix = TOK != 0 || KIND == kDownDgrad || KIND == kGateUpDgrad; /* cls read */
   const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
   if constexpr (KindTraits<KIND>::kWgrad) {
@@ -482,11 +487,11 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
         }
         --cu.e;
       }
-      cu.first -= cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
+      cu.first -= cursor_units<TOK, kMix>(cu, tok_units_of(a, cu), n_tiles, cls);
     }
     for (;;) {
       if (cu.e >= a.num_experts) return false;
-      const int tiles = cursor_units<TOK>(cu, tok_units_of(a, cu), n_tiles, cls);
+      const int tiles = cursor_units<TOK, kMix>(cu, tok_units_of(a, cu), n_tiles, cls);
       if (t < cu.first + tiles) break;
       cu.first += tiles;
       if constexpr (TOK != 0) {
@@ -500,7 +505,7 @@ __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a,
      * share a weight block), every output block before the next group, so a hot
      * expert's weights stay in L2 while its rows stream once (an expert of <= raster
      * row tiles: plain output-block-major order) */
-    const int mt = cursor_row_tiles<TOK>(cu, tok_units_of(a, cu), cls), r = t - cu.first;
+    const int mt = cursor_row_tiles<TOK, kMix>(cu, tok_units_of(a, cu), cls), r = t - cu.first;
     int nb, mb;
     c.share = 0;
     if (TOK == 2 && r >= mt / 2 * n_tiles) { /* the odd last token tile: output blocks 2i, 2i + 1 */
@@ -1594,6 +1599,35 @@ __device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, in
   P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
 }
 
+/* The same for the data gradients' row-grouped launches (TOK 0): an expert of one 128-row
+ * tile (a segment of <= 128 rows) streams a whole weight block a tile for its rows alone,
+ * its padded rows counted (the tile computes them), with the same floor. */
+template <int KIND, int BN>
+__device__ __forceinline__ void row_mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
+  const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
+  const int floor_rows = kStreamRows + 48 * 1024 / (a.k_len > 0 ? a.k_len : 1);
+  int t = 0, c = 0, ws = 0, wh = 0;
+  for (int e = lane; e < a.num_experts; e += 32) {
+    const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
+    const int mt = (seg + kBM - 1) / kBM;
+    t += mt * n_tiles;
+    c += mt == 1 ? n_tiles : 0;
+    if (mt == 1) ws += n_tiles * (seg > floor_rows ? seg : floor_rows);
+    else wh += n_tiles * seg;
+  }
+  for (int o = 16; o > 0; o >>= 1) {
+    t += __shfl_xor_sync(0xffffffffu, t, o);
+    c += __shfl_xor_sync(0xffffffffu, c, o);
+    ws += __shfl_xor_sync(0xffffffffu, ws, o);
+    wh += __shfl_xor_sync(0xffffffffu, wh, o);
+  }
+  T = t;
+  C = c;
+  const int g = (int)gridDim.x;
+  P = ws + wh > 0 ? (int)(((int64_t)g * ws + (ws + wh) / 2) / (ws + wh)) : 0;
+  P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
+}
+
 template <bool B, class T, class F>
 struct PickType {
   using type = T;
@@ -1679,18 +1713,21 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int mix_T = 0, mix_C = 0, mix_P = 0;
     if (TOK && a.mix && tickets)
       tok_mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
+    else if (!TOK && (KIND == kDownDgrad || KIND == kGateUpDgrad) && a.mix && tickets)
+      row_mix_counts<KIND, BN>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     const uint16_t *order = nullptr; /* the expert order, ranked at the start (order_on) */
     if constexpr (kOrder) order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
     /* the totals live in shared memory after the cursors (the producer runs on 40 registers) */
     volatile int *mix_tc = slot + kMixWordInt;
     if (threadIdx.x == 0) mix_tc[0] = mix_T, mix_tc[1] = mix_C;
-    /* split mix order (mix_ctas >= 0, token tiles alone): CTAs [0, P) run
+    /* split mix order (mix_ctas >= 0; token tiles alone, not pairs, or the data
+     * gradients' 128-row tiles): CTAs [0, P) run
      * the one-tile experts' tiles, the others the rest, each class from its own counter
      * (sched[2], sched[0]); a CTA whose class ran out takes the other's. mix_tc[2] = P (0:
      * Bresenham order), mix_tc[3] = the CTA's class (bit 0) | took the other's (bit 1). */
     if (threadIdx.x == 0) {
-      const int P = TOK != 1 || !mix || a.mix_ctas < 0 ? 0 : a.mix_ctas ? a.mix_ctas : mix_P;
+      const int P = TOK == 2 || !mix || a.mix_ctas < 0 ? 0 : a.mix_ctas ? a.mix_ctas : mix_P;
       mix_tc[2] = P > 0 && P < (int)gridDim.x ? P : 0;
       mix_tc[3] = mix_tc[2] && (int)blockIdx.x < mix_tc[2]; /* (by SM number, or spread: level) */
     }
