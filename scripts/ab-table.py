@@ -46,22 +46,21 @@ for (tag, kind), v in sorted(d.items()):
         else:
             row += " %5.0f (%3.0f-%3.0f) %5.3f%s" % (ours[len(ours) // 2], ours[0], ours[-1], ratio, bad)
     print(row)
-if zb:
-    print("\n%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) +
-          "   (Zipf / balanced rows, ours in turn in one process: median (lo-hi))")
-    for (tag, kind), v in sorted(zb.items()):
-        row = "%-12s %-8s" % (tag, kind)
-        for n in names:
-            xs = sorted(v[(n, r)] for r in reps if (n, r) in v)
-            row += " %12.3f (%.3f-%.3f)" % (xs[len(xs) // 2], xs[0], xs[-1]) if xs else " %22s" % "-"
-        print(row)
-if cz:
-    print("\n%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) +
-          "   (cuBLAS on the Zipf rows: ours / cuBLAS, in turn; cuBLAS's Zipf / its balanced; medians)")
-    for (tag, kind), v in sorted(cz.items()):
-        row = "%-12s %-8s" % (tag, kind)
-        for n in names:
-            xs = sorted(v[(n, r)][0] for r in reps if (n, r) in v)
-            ys = sorted(v[(n, r)][1] for r in reps if (n, r) in v)
-            row += " %10.3f %11.3f" % (xs[len(xs) // 2], ys[len(ys) // 2]) if xs else " %22s" % "-"
-        print(row)
+def ratio_table(data, title, cell):
+    """A table of per-process figures: a row a (config, kind), a cell a name (cell(values))."""
+    if not data:
+        return
+    print("\n%-12s %-8s" % ("config", "kind") + "".join(" %22s" % n for n in names) + "   (" + title + ")")
+    for (tag, kind), v in sorted(data.items()):
+        xs = [[v[(n, r)] for r in reps if (n, r) in v] for n in names]
+        print("%-12s %-8s" % (tag, kind) + "".join(cell(x) if x else " %22s" % "-" for x in xs))
+
+
+def med(xs):
+    return sorted(xs)[len(xs) // 2]
+
+
+ratio_table(zb, "Zipf / balanced rows, ours in turn in one process: median (lo-hi)",
+            lambda x: " %12.3f (%.3f-%.3f)" % (med(x), min(x), max(x)))
+ratio_table(cz, "cuBLAS on the Zipf rows: ours / cuBLAS, in turn; cuBLAS's Zipf / its balanced; medians",
+            lambda x: " %10.3f %11.3f" % (med([a for a, _ in x]), med([b for _, b in x])))

@@ -256,13 +256,13 @@ static int g_trace_cap = 0;
 static unsigned long long *g_sclk = NULL; /* stage-clock counters (mok_gemm_debug_stage_clock) */
 
 /* Mix order for both forward kinds, in its split form (grouped_gemm.cuh: the first P CTAs
- * run the one-tile experts' tiles, the others the rest; P by tok_mix_counts' rule). Zipf
+ * run the one-tile experts' tiles, the others the rest; P by mix_counts' rule). Zipf
  * 1.2 routing, 1x H200, split vs expert order (mix off), same run (docs/PERF.md, session
  * 8): gate+up qwen3.5 +4%, kimi +0..3%, glm +5%, deepseek-v4-pro +4%; down +5%, +5%, +1.5%,
  * +8%. The unsplit form (the one-tile experts' tiles spread evenly over the order) loses
  * gate+up 4-8% against expert order: its weight streams evict the rows a raster group
  * still rereads; split, those streams run on their own CTAs from the start. Also both
- * data-gradient kinds on their 128-row tiles (row_mix_counts' rule; session 20, Zipf 1.2
+ * data-gradient kinds on their 128-row tiles (mix_counts' rule; session 20, Zipf 1.2
  * over balanced in one process, off / on: dgrad gate+up deepseek-v4-pro 0.753 / 0.818,
  * qwen3.5 0.909 / 0.948, kimi 0.923 / 0.965, glm 0.905-0.970 / 0.923; dgrad down 0.776 /
  * 0.821, 0.947 / 0.989, 0.915 / 0.949, 0.864 / 0.893). Weight gradients never mix. */

@@ -141,6 +141,27 @@ MOK_TEST(cli_refuses_shapes_too_large_for_the_reference) {
   CHECK_MSG(rc == 2 && strstr(out, "GiB"), "rc %d: %s", rc, out);
 }
 
+/* How often s occurs in out. */
+static int count_str(const char *out, const char *s) {
+  int n = 0;
+  for (const char *p = out; (p = strstr(p, s)); ++p) ++n;
+  return n;
+}
+/* How many `"key": value` fields js holds; -1 if a value lies outside [lo, hi) (*bad: it). */
+static int json_fields(const char *js, const char *key, double lo, double hi, double *bad) {
+  char pat[96];
+  snprintf(pat, sizeof pat, "\"%s\": ", key);
+  int n = 0;
+  for (const char *p = js; (p = strstr(p, pat)); ++p, ++n) {
+    const double v = atof(p + strlen(pat));
+    if (!(v >= lo && v < hi)) {
+      *bad = v;
+      return -1;
+    }
+  }
+  return n;
+}
+
 /* `mok bench gemm` end to end on a small shape: every kind checked against float64 (exit 0
  * only if all are right), and under Zipf routing each kind also timed on balanced rows in
  * the same process (--vs-balanced, on by default there), its ratio printed and in the JSON;
@@ -156,11 +177,9 @@ MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
   const int rc = run_cli(args, out, sizeof out);
   if (strstr(out, "not in this build")) SKIP("mok built without the GEMMs");
   CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
-  int lines = 0;
-  for (const char *p = out; (p = strstr(p, "zipf / balanced rows, ours in turn:")); ++p) ++lines;
+  int lines = count_str(out, "zipf / balanced rows, ours in turn:");
   CHECK_MSG(lines == 8, "%d vs-balanced lines (want one a kind, 8): %s", lines, out);
-  lines = 0;
-  for (const char *p = out; (p = strstr(p, "cuBLAS on the zipf rows (")); ++p) ++lines;
+  lines = count_str(out, "cuBLAS on the zipf rows (");
   CHECK_MSG(lines == 8, "%d vs-cublas-zipf lines (want one a kind, 8): %s", lines, out);
   FILE *f = fopen(json, "r");
   CHECK(f != NULL);
@@ -170,27 +189,14 @@ MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
     js[n] = 0;
     fclose(f);
     remove(json);
-    int fields = 0;
-    for (const char *p = js; (p = strstr(p, "\"zipf_over_balanced\": ")); ++p) {
-      const double r = atof(p + strlen("\"zipf_over_balanced\": "));
-      CHECK_MSG(r > 0.05 && r < 20, "zipf_over_balanced %g", r);
-      ++fields;
+    static const struct { const char *key; double lo, hi; } f8[] = {
+        {"zipf_over_balanced", 0.05, 20}, {"ours_over_cublas_zipf", 0.01, 100}, {"cublas_zipf_forms_diff", 0, 1e-2}};
+    for (int i = 0; i < 3; ++i) {
+      double bad = 0;
+      const int fields = json_fields(js, f8[i].key, f8[i].lo, f8[i].hi, &bad);
+      CHECK_MSG(fields == 8, "%d %s fields (want 8, each in [%g, %g); out of it: %g): %s", fields, f8[i].key, f8[i].lo,
+                f8[i].hi, bad, js);
     }
-    CHECK_MSG(fields == 8, "%d zipf_over_balanced fields: %s", fields, js);
-    fields = 0;
-    for (const char *p = js; (p = strstr(p, "\"ours_over_cublas_zipf\": ")); ++p) {
-      const double r = atof(p + strlen("\"ours_over_cublas_zipf\": "));
-      CHECK_MSG(r > 0.01 && r < 100, "ours_over_cublas_zipf %g", r);
-      ++fields;
-    }
-    CHECK_MSG(fields == 8, "%d ours_over_cublas_zipf fields: %s", fields, js);
-    fields = 0;
-    for (const char *p = js; (p = strstr(p, "\"cublas_zipf_forms_diff\": ")); ++p) {
-      const double d = atof(p + strlen("\"cublas_zipf_forms_diff\": "));
-      CHECK_MSG(d >= 0 && d < 1e-2, "cublas_zipf_forms_diff %g", d);
-      ++fields;
-    }
-    CHECK_MSG(fields == 8, "%d cublas_zipf_forms_diff fields: %s", fields, js);
   }
   /* off: no such line; balanced routing: none either */
   CHECK(run_cli("bench gemm --hidden 256 --inter 128 --experts 6 --rows-per-expert 150 --routing zipf:1.2 "
@@ -203,8 +209,7 @@ MOK_GPU_TEST(cli_bench_gemm_zipf_vs_balanced, 1) {
   CHECK_MSG(run_cli("bench gemm --hidden 128 --inter 64 --experts 40 --rows-per-expert 2 --routing zipf:1.5 "
                     "--iters 2 --kinds gateup,wdown", out, sizeof out) == 0,
             "%s", out);
-  lines = 0;
-  for (const char *p = out; (p = strstr(p, "cuBLAS on the zipf rows (")); ++p) ++lines;
+  lines = count_str(out, "cuBLAS on the zipf rows (");
   CHECK_MSG(lines == 2, "%d vs-cublas-zipf lines with empty experts (want 2): %s", lines, out);
 }
 

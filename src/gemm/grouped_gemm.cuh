@@ -143,8 +143,7 @@ struct GemmTileArgs {
                      has landed: one more stage in flight for the weight streams of few rows
                      (tok_consume_nt; only tiles of <= kTokEagerMaxRows rows can); 0 = never */
   int mix_ctas;   /* mix order (not token pairs): split the CTAs instead of the order
-                     (grouped_gemm_kernel): about mix_ctas of them (0: tok_mix_counts' or
-                     row_mix_counts' rule)
+                     (grouped_gemm_kernel): about mix_ctas of them (0: mix_counts' rule)
                      run the one-tile experts' tiles, the rest the others'; -1: no split, the
                      one-tile experts' tiles spread over the order (mix_tile) */
   int stagger;    /* token tiles under the static schedule: expert 0's tiles at most half as
@@ -1564,7 +1563,7 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
   return __any_sync(0xffffffffu, uneven);
 }
 
-/* Mix order totals, one warp: T token tiles (TOK 2: pairs) of the launch, C of them of
+/* Mix order totals, one warp: T tiles (token tiles; TOK 2: pairs) of the launch, C of them of
  * experts with one tile per output block; P: the split rule's CTAs for those (mix_ctas 0).
  * The rule gives the one-tile experts' tiles the share of the CTAs that their share of the
  * work is, a tile's work counted in rows, except that a one-tile expert's tile costs at
@@ -1573,47 +1572,25 @@ __device__ __forceinline__ bool use_tickets(const GemmTileArgs &a) {
  * ~120 rows of MMAs at K = 4096, a larger share at K = 1024 where a tile's fixed costs
  * weigh more). */
 constexpr int kStreamRows = 112;
-template <int KIND, int TOK>
-__device__ __forceinline__ void tok_mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
-  const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tok_out_cols<KIND>() - 1) / tok_out_cols<KIND>();
+/* (TOK 0: the data gradients' row-grouped launches: an expert of one 128-row tile, a
+ * segment of <= 128 rows, streams a whole weight block a tile for its rows alone; its
+ * padded rows count, the tile computes them; the same floor.) */
+template <int KIND, int BN, int TOK>
+__device__ __forceinline__ void mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
+  int oc;
+  if constexpr (TOK != 0) oc = tok_out_cols<KIND>();
+  else oc = tile_out_cols<KIND, BN>();
+  const int lane = threadIdx.x & 31, n_tiles = (a.n_out + oc - 1) / oc;
   const int floor_rows = kStreamRows + 48 * 1024 / (a.k_len > 0 ? a.k_len : 1);
   int t = 0, c = 0, ws = 0, wh = 0;
   for (int e = lane; e < a.num_experts; e += 32) {
     const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
-    const int rows = tok_rows(a, e, seg), mt = tok_tiles(rows, a.tok_units); /* (tickets: no stagger) */
+    const int rows = TOK ? tok_rows(a, e, seg) : seg; /* (tickets: no stagger) */
+    const int mt = TOK ? tok_tiles(rows, a.tok_units) : (seg + kBM - 1) / kBM;
     t += TOK == 2 ? pair_units(mt, n_tiles) : mt * n_tiles;
     c += mt == 1 ? (TOK == 2 ? n_tiles / 2 : n_tiles) : 0;
     if (mt == 1) ws += n_tiles * (rows > floor_rows ? rows : floor_rows);
     else wh += n_tiles * rows;
-  }
-  for (int o = 16; o > 0; o >>= 1) {
-    t += __shfl_xor_sync(0xffffffffu, t, o);
-    c += __shfl_xor_sync(0xffffffffu, c, o);
-    ws += __shfl_xor_sync(0xffffffffu, ws, o);
-    wh += __shfl_xor_sync(0xffffffffu, wh, o);
-  }
-  T = t;
-  C = c;
-  const int g = (int)gridDim.x;
-  P = ws + wh > 0 ? (int)(((int64_t)g * ws + (ws + wh) / 2) / (ws + wh)) : 0;
-  P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
-}
-
-/* The same for the data gradients' row-grouped launches (TOK 0): an expert of one 128-row
- * tile (a segment of <= 128 rows) streams a whole weight block a tile for its rows alone,
- * its padded rows counted (the tile computes them), with the same floor. */
-template <int KIND, int BN>
-__device__ __forceinline__ void row_mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
-  const int lane = threadIdx.x & 31, n_tiles = (a.n_out + tile_out_cols<KIND, BN>() - 1) / tile_out_cols<KIND, BN>();
-  const int floor_rows = kStreamRows + 48 * 1024 / (a.k_len > 0 ? a.k_len : 1);
-  int t = 0, c = 0, ws = 0, wh = 0;
-  for (int e = lane; e < a.num_experts; e += 32) {
-    const int32_t seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
-    const int mt = (seg + kBM - 1) / kBM;
-    t += mt * n_tiles;
-    c += mt == 1 ? n_tiles : 0;
-    if (mt == 1) ws += n_tiles * (seg > floor_rows ? seg : floor_rows);
-    else wh += n_tiles * seg;
   }
   for (int o = 16; o > 0; o >>= 1) {
     t += __shfl_xor_sync(0xffffffffu, t, o);
@@ -1712,9 +1689,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
     int mix_T = 0, mix_C = 0, mix_P = 0;
     if (TOK && a.mix && tickets)
-      tok_mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, TOK>(a, mix_T, mix_C, mix_P);
+      mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, BN, TOK>(a, mix_T, mix_C, mix_P);
     else if (!TOK && (KIND == kDownDgrad || KIND == kGateUpDgrad) && a.mix && tickets)
-      row_mix_counts<KIND, BN>(a, mix_T, mix_C, mix_P);
+      mix_counts<KIND, BN, 0>(a, mix_T, mix_C, mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     const uint16_t *order = nullptr; /* the expert order, ranked at the start (order_on) */
     if constexpr (kOrder) order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
