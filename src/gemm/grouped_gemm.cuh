@@ -409,6 +409,12 @@ __host__ __device__ __forceinline__ int tok_expert_rank(const int *rows, int E, 
   }
   return rank;
 }
+/* Kinds whose tiles may run in mix order: token tiles, and the data gradients' 128-row
+ * tiles; the other row-grouped kinds and the weight gradients never do. */
+template <int KIND, int TOK>
+__host__ __device__ constexpr bool kind_mixes() {
+  return TOK != 0 || KIND == kDownDgrad || KIND == kGateUpDgrad;
+}
 /* Tiles of the cursor's expert per output block. cls (mix order: token tiles, or with
  * MIX the data gradients' 128-row tiles): -1 every expert; 1 only experts of one tile per
  * output block, 0 only the others (the tiles of an expert of the other class count 0).
@@ -456,7 +462,7 @@ __host__ __device__ __forceinline__ int tok_out_cols() {
 template <int KIND, int BN, int TOK = 0>
 __host__ __device__ __forceinline__ bool gemm_decode_tile(const GemmTileArgs &a, GemmCursor &cu, int t,
                                                           TileCoord &c, int cls = -1, int rank = 0) {
-  constexpr bool kMix = TOK != 0 || KIND == kDownDgrad || KIND == kGateUpDgrad; /* cls read */
+  constexpr bool kMix = kind_mixes<KIND, TOK>(); /* cls read */
   const int out_cols = TOK ? tok_out_cols<KIND>() : tile_out_cols<KIND, BN>();
   const int n_tiles = (a.n_out + out_cols - 1) / out_cols;
   if constexpr (KindTraits<KIND>::kWgrad) {
@@ -1688,10 +1694,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     }
     const bool tickets = a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a));
     int mix_T = 0, mix_C = 0, mix_P = 0;
-    if (TOK && a.mix && tickets)
-      mix_counts<KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, BN, TOK>(a, mix_T, mix_C, mix_P);
-    else if (!TOK && (KIND == kDownDgrad || KIND == kGateUpDgrad) && a.mix && tickets)
-      mix_counts<KIND, BN, 0>(a, mix_T, mix_C, mix_P);
+    if (kind_mixes<KIND, TOK>() && a.mix && tickets) /* (token tiles: counted as the forward kind's) */
+      mix_counts<!TOK ? KIND : KIND == kDownFwd || KIND == kDownDgrad ? kDownFwd : kGateUpFwd, BN, TOK>(a, mix_T, mix_C,
+                                                                                                     mix_P);
     const bool mix = mix_C > 0 && mix_C < mix_T;
     const uint16_t *order = nullptr; /* the expert order, ranked at the start (order_on) */
     if constexpr (kOrder) order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
