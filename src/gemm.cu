@@ -251,6 +251,7 @@ static int g_tok_ring = 0; /* forward down token tiles alone: 0 = tok_ring_rule,
                              epilogue area (tiles of <= 128 rows), 2 = 176-row stages (mok_gemm_debug_tok_ring) */
 static int g_ddown_tok = 0; /* experiment: down dgrad on token tiles: 0 = rule (off), 1 = on, 2 = off */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
+static int g_grid_ctas = 0; /* diagnostics: at most this many CTAs a launch (0 = one an SM; mok_gemm_debug_grid) */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
 static unsigned long long *g_sclk = NULL; /* stage-clock counters (mok_gemm_debug_stage_clock) */
@@ -429,6 +430,12 @@ extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
   return mokSuccess;
 }
 
+extern "C" mokResult_t mok_gemm_debug_grid(int ctas) {
+  if (ctas < 0) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_grid: ctas = %d, must be >= 0", ctas);
+  __atomic_store_n(&g_grid_ctas, ctas, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
 extern "C" mokResult_t mok_gemm_debug_stage_clock(unsigned long long *buf) {
   __atomic_store_n(&g_sclk, buf, __ATOMIC_RELAXED);
   return mokSuccess;
@@ -505,6 +512,8 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   auto kernel = grouped_gemm_kernel<KIND, BN, TOK>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int64_t grid = max_tiles < sms ? max_tiles : sms;
+  const int grid_cap = __atomic_load_n(&g_grid_ctas, __ATOMIC_RELAXED); /* diagnostics: fewer CTAs */
+  if (grid_cap > 0 && grid > grid_cap) grid = grid_cap;
   if (grid < 1) grid = 1;
   cudaLaunchAttribute attr[1];
   if (TOK == 2) { /* clusters of two CTAs: an even grid, at most the clusters that fit at once */

@@ -169,6 +169,10 @@ mokResult_t mok_gemm_debug_l2_promotion(int weights, int rows);
  * from its own ticket counter; 0 = the library's rule for how many, -1 = no split (those
  * tiles spread evenly over the one order). Process-wide. */
 mokResult_t mok_gemm_debug_mix_ctas(int ctas);
+/* Diagnostics: launches run on at most `ctas` CTAs (0 = the default: one an SM, or fewer
+ * where there are fewer tiles), e.g. to time a few SMs' streams with the rest of the chip
+ * idle. CTA pairs keep an even count. Process-wide. */
+mokResult_t mok_gemm_debug_grid(int ctas);
 /* Benchmarks: forward token tiles of at most `rows` rows (and at most 96) give each pipeline
  * stage back as soon as their own MMAs on it are done (one more stage of loads in flight);
  * 0 = never, -1 = the library's rule. Process-wide. */

@@ -72,6 +72,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --epi-debug 3", "--epi-debug 0|1|2"},
       {"bench gemm --eager-rows -2", "--eager-rows N, N >= -1"},
       {"bench gemm --gu-box 2", "--gu-box one|two|four"},
+      {"bench gemm --ctas 0", "--ctas N, N >= 1"},
       {"bench gemm --routing zipf:1.2,sideways", "--routing zipf:S[,shuffled|,reversed]"},
       {"bench gemm --routing zipf:0", "--routing uniform|zipf:S"},
       {"bench gemm --ddown-tok maybe", "--ddown-tok on|off"},

@@ -80,6 +80,7 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_l2_promotion(32, -1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_l2_promotion(-1, 512), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_mix_ctas(-2), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_grid(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_gateup_fwd(NULL, 256, 256, 0.f, p, p, p, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "rows is NULL") != NULL);
   mokGemmRows_t bad = rows;
@@ -896,7 +897,7 @@ MOK_GPU_TEST(gemm_gpu_dgrad_schedule_is_bitwise_invisible, 1) {
    * of down dgrad, dx of gate+up dgrad; every row random, padding rows included) must
    * agree; outputs are
    * NaN-filled before each run, so a tile no CTA ran shows. */
-  enum { E = 7, H = 512, I = 384, kRuns = 6 };
+  enum { E = 7, H = 512, I = 384, kRuns = 7 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33, 120};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
@@ -921,7 +922,8 @@ MOK_GPU_TEST(gemm_gpu_dgrad_schedule_is_bitwise_invisible, 1) {
   CHECK_OK(mok_gemm_fill_rows(wgu, 2 * (int64_t)E * I, H, seed + 5, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
   const mokGemmRows_t rows = {E, cap, off};
   static const char *names[kRuns] = {"static", "tickets, expert order", "tickets, split by the rule",
-                                     "tickets, split with 2 CTAs", "tickets, split with 100 CTAs", "the rule"};
+                                     "tickets, split with 2 CTAs", "tickets, split with 100 CTAs", "the rule",
+                                     "tickets, split by the rule, a grid of 5 CTAs"};
   uint16_t *h_dgu[kRuns], *h_dx[kRuns];
   for (int m = 0; m < kRuns; ++m) {
     h_dgu[m] = (uint16_t *)malloc((size_t)cap * I * 4);
@@ -931,6 +933,7 @@ MOK_GPU_TEST(gemm_gpu_dgrad_schedule_is_bitwise_invisible, 1) {
     CHECK_OK(mok_gemm_debug_sched(m == 0 ? 1 : m == 5 ? 0 : 2, 1));
     CHECK_OK(mok_gemm_debug_tiles(0, 0, m == 1 ? 2 : m == 5 ? 0 : 1));
     CHECK_OK(mok_gemm_debug_mix_ctas(m == 3 ? 2 : m == 4 ? 100 : 0));
+    CHECK_OK(mok_gemm_debug_grid(m == 6 ? 5 : 0));
     CHECK(cudaMemset(dgu, 0xFF, (size_t)cap * I * 4) == cudaSuccess);
     CHECK(cudaMemset(dx, 0xFF, (size_t)cap * H * 2) == cudaSuccess);
     CHECK_OK(mok_gemm_down_dgrad(&rows, H, I, 0.0f, dy, wd, gu, dgu, 0));
@@ -941,6 +944,7 @@ MOK_GPU_TEST(gemm_gpu_dgrad_schedule_is_bitwise_invisible, 1) {
   mok_gemm_debug_sched(0, 1);
   mok_gemm_debug_tiles(0, 0, 0);
   mok_gemm_debug_mix_ctas(0);
+  mok_gemm_debug_grid(0);
   int nan0 = 0;
   for (int64_t i = 0; i < cap * H && !t->failed; ++i) nan0 += h_dx[0][i] == 0xFFFF;
   for (int64_t i = 0; i < cap * 2 * I && !t->failed; ++i) nan0 += h_dgu[0][i] == 0xFFFF;

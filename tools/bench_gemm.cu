@@ -102,7 +102,7 @@ static void usage(void) {
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
           "                      [--ddown-tok on|off] [--seed N|clock]\n"
           "                      [--vs-balanced on|off] [--vs-cublas-zipf on|off] [--kinds LIST]\n"
-          "                      [--trace FILE] [--stage-clock on|off]\n"
+          "                      [--trace FILE] [--stage-clock on|off] [--ctas N]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
           "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
@@ -125,6 +125,7 @@ static void usage(void) {
           "  mix order's one-tile experts' weights loaded L2 evict-first (--cold-evict); the down\n"
           "  GEMM's token tiles in stages of 176 rows or of 128 with an epilogue area (--tok-ring;\n"
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
+          "  --ctas N: diagnostics, every launch of ours on at most N CTAs (default: one an SM)\n"
           "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
           "  --expert-order: token tiles under tickets walk the experts with most rows first (load)\n"
           "  or in index order (index) (default auto: the library's rule)\n"
@@ -771,6 +772,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   int seed_given = 0;
   int vs_bal = -1; /* --vs-balanced: -1 the default (on with zipf routing) */
   int vs_cz = -1;  /* --vs-cublas-zipf: likewise */
+  int ctas = 0; /* --ctas: diagnostics, at most this many CTAs a launch */
   int tok_ring = 0, row_box = 0, mix_ctas = 0, eager_rows = -1, gu_box = 0, promo_w = -1, promo_r = -1, cold_evict = 0;
   unsigned kinds = (1u << K_N) - 1;
   for (int i = 1; i < argc; ++i) {
@@ -847,6 +849,9 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--mix-ctas")) {
       mix_ctas = atoi(v);
       if (mix_ctas < -1) { fprintf(stderr, "bench gemm: --mix-ctas P, P >= -1\n"); return 2; }
+    } else if (!strcmp(a, "--ctas")) {
+      ctas = atoi(v);
+      if (ctas < 1) { fprintf(stderr, "bench gemm: --ctas N, N >= 1\n"); return 2; }
     } else if (!strcmp(a, "--ddown-tok")) {
       const int m = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (m < 0 || mok_gemm_debug_ddown_tok(m) != mokSuccess) { fprintf(stderr, "bench gemm: --ddown-tok on|off\n"); return 2; }
@@ -905,6 +910,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   mok_gemm_debug_l2_promotion(promo_w, promo_r);
   mok_gemm_debug_cold_evict(cold_evict);
   mok_gemm_debug_mix_ctas(mix_ctas);
+  mok_gemm_debug_grid(ctas);
   mok_gemm_debug_eager_rows(eager_rows);
   mok_gemm_debug_gu_box(gu_box);
   if (mok_gemm_debug_tiles(raster, tok_units, mix) != mokSuccess) { fprintf(stderr, "bench gemm: %s\n", mokGetLastError()); return 2; }
