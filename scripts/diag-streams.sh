@@ -3,32 +3,21 @@
 # weights when a few CTAs run them with the rest of the chip idle (`mok bench gemm --ctas
 # N`, every expert R rows, R <= 176: each tile streams a whole 256-row weight block for R
 # rows), beside the stream probe's cold CTAs alone (`mok bench stream --mixed`, first two
-# rows). Variants of the GEMM's options in $VARIANTS ("name=options;..."), configurations
-# as arguments ("tag:options", e.g. "ds48:--model deepseek-v4-pro --rows-per-expert 48
-# --ctas 33"). Prints GB/s a CTA = the launch's intake (weights + rows of every tile) /
-# time / CTAs. Full log in $OUT/log.
+# rows). The runs are scripts/ab-flags.sh's (variants of the GEMM's options in $VARIANTS,
+# "name=options;...", configurations as arguments, "tag:options", e.g. "ds48:--model
+# deepseek-v4-pro --rows-per-expert 48 --ctas 33"; REPS default 1 here); $PROBE = K runs the
+# stream probe first. Prints GB/s a CTA = the launch's intake (weights + rows of every
+# tile) / time / CTAs. Full log in $OUT/log.
 OUT=${OUT:-/tmp/streams-out}; mkdir -p "$OUT"
+export KINDS=${KINDS:-gateup} REPS=${REPS:-1} ITERS=${ITERS:-10} OUT
+# the runs: scripts/ab-flags.sh (builds, runs $TESTS, JSON in $OUT/json, its own table);
+# the stream probe first, on the tree it builds
+if [ -n "$PROBE" ]; then
+  make -j16 all > /dev/null 2>&1 && timeout 120 build/mok bench stream --mixed --k "$PROBE" 2>&1 | grep -m3 -E "^(what|alone) " | tee -a "$OUT/log"
+fi
+scripts/ab-flags.sh "$@"
+J=$OUT/json
 exec > >(tee -a "$OUT/log") 2>&1
-KINDS=${KINDS:-gateup}
-VARIANTS=${VARIANTS:-default=}
-export NCCL_NVLS_ENABLE=0
-date -u; nvidia-smi -L; git log --oneline -1
-make -j16 all build/mok_tests > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
-if [ -n "$TESTS" ]; then timeout 200 build/mok_tests $TESTS 2>&1 | grep -v "^ok"; fi
-if [ -n "$PROBE" ]; then timeout 120 build/mok bench stream --mixed --k "$PROBE" | head -4; fi
-J=$OUT/json; mkdir -p $J
-IFS=';' read -ra VS <<< "$VARIANTS"
-for cfg in "$@"; do
-  tag=${cfg%%:*}; opts=${cfg#*:}
-  for rep in $(seq 1 "${REPS:-1}"); do
-    for v in "${VS[@]}"; do
-      name=${v%%=*}; vo=${v#*=}
-      echo "-- $tag $name$rep: $opts $vo"
-      timeout 120 build/mok bench gemm $opts $vo --kinds $KINDS --iters ${ITERS:-10} --vs-balanced off \
-        --json $J/$tag.$name.$rep.json | tail -n +3
-    done
-  done
-done
 python3 - "$J" "$@" <<'EOF'
 import json, os, re, sys
 d = sys.argv[1]
