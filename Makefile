@@ -72,13 +72,15 @@ all: $(B)/libmok.so $(B)/libmok.a $(B)/mok
 $(B)/obj/%.o: %.c
 	@mkdir -p $(dir $@)
 	$(CC) $(CFLAGS) -c $< -o $@
-# ptxas's C7510 ("wgmma ... serialized due to wgmma pipeline crossing function boundary")
-# fails the build as a spill does: a GEMM tile function left out of line serialises every
-# wgmma and passes its accumulators through local memory (session 16, docs/PERF.md)
+# ptxas's wgmma serialisation notes fail the build as a spill does: C7510 ("wgmma ...
+# serialized due to wgmma pipeline crossing function boundary": a GEMM tile function left out
+# of line serialises every wgmma and passes its accumulators through local memory, session
+# 16) and C7520 ("... WG.AR in divergent path": wgmmas behind a runtime test in a loop body,
+# session 22; docs/PERF.md)
 $(B)/obj/%.cu.o: %.cu
 	@mkdir -p $(dir $@)
 	$(NVCC) $(NVFLAGS) -c $< -o $@ 2> $@.log; s=$$?; cat $@.log >&2; \
-	  if grep -q C7510 $@.log; then echo "$<: wgmma serialised across a function call (ptxas C7510)" >&2; rm -f $@; exit 1; fi; \
+	  if grep -qE 'C75[12]0' $@.log; then echo "$<: wgmma serialised (ptxas C7510 / C7520)" >&2; rm -f $@; exit 1; fi; \
 	  exit $$s
 
 $(B)/libmok.so: $(LIB_OBJ)
