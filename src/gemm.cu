@@ -255,6 +255,7 @@ static int g_grid_ctas = 0; /* diagnostics: at most this many CTAs a launch (0 =
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
 static int g_trace_cap = 0;
 static unsigned long long *g_sclk = NULL; /* stage-clock counters (mok_gemm_debug_stage_clock) */
+static unsigned long long g_lean_launches = 0, g_diag_launches = 0; /* mok_gemm_debug_lean_launches */
 
 /* Mix order for both forward kinds, in its split form (grouped_gemm.cuh: the first P CTAs
  * run the one-tile experts' tiles, the others the rest; P by mix_counts' rule). Zipf
@@ -396,7 +397,7 @@ extern "C" mokResult_t mok_gemm_debug_eager_rows(int rows) {
  * R320 +0.5%, kimi and glm level. (A DRAM stream is faster in fewer, larger TMA boxes: the
  * down weights as 2 x 128 rows instead of one 256-row box lost 5-8%.) */
 static int gu_boxes_rule(void) { /* boxes a stage */
-  static const int boxes[4] = {1, 1, 4, 2};
+  static const int boxes[4] = {kLeanGuBoxes, 1, 4, 2};
   return boxes[__atomic_load_n(&g_gu_box, __ATOMIC_RELAXED)];
 }
 
@@ -448,6 +449,13 @@ extern "C" mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap) {
   return mokSuccess;
 }
 
+extern "C" mokResult_t mok_gemm_debug_lean_launches(unsigned long long *lean, unsigned long long *diag) {
+  if (!lean || !diag) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_lean_launches: NULL argument");
+  *lean = __atomic_load_n(&g_lean_launches, __ATOMIC_RELAXED);
+  *diag = __atomic_load_n(&g_diag_launches, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
 extern "C" mokResult_t mok_gemm_debug_set(unsigned long long timeout_ns, int stall_tile) {
   __atomic_store_n(&g_timeout_ns, timeout_ns ? timeout_ns : 10000000000ull, __ATOMIC_RELAXED);
   __atomic_store_n(&g_stall_tile, stall_tile, __ATOMIC_RELAXED);
@@ -495,6 +503,15 @@ static int smem_plan() {
   else return TileConfig<KIND, BN>::kSmemBytes;
 }
 
+/* Whether a launch of the forward token tiles alone can take the lean kernel instance
+ * (grouped_gemm.cuh: TokKnobs): no diagnostic on and every knob the lean instance compiles in
+ * at its rule's value. */
+template <int KIND>
+static bool tok_lean(const GemmTileArgs &a) {
+  return !a.trace && !a.sclk && !a.epi_debug && a.row_box128 == (KIND == kGateUpFwd) &&
+         (KIND != kGateUpFwd || a.gu_boxes == kLeanGuBoxes);
+}
+
 template <int KIND, int BN, int TOK = 0>
 static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t max_tiles, cudaStream_t stream) {
   int dev = 0, sms = 0, major = 0, optin = 0;
@@ -509,7 +526,18 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   if (smem > optin)
     return mok_error(NULL, mokNotSupported, "grouped GEMM: needs %d bytes of shared memory per block, device has %d",
                      smem, optin);
-  auto kernel = grouped_gemm_kernel<KIND, BN, TOK>;
+  void (*kernel)(GemmTileArgs) = grouped_gemm_kernel<KIND, BN, TOK>;
+  args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
+  args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
+  args.eager_rows = eager_rule();
+  args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
+  args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
+  args.sclk = TOK ? __atomic_load_n(&g_sclk, __ATOMIC_RELAXED) : NULL;
+  bool lean = false;
+  if constexpr (TOK == 1 && KIND != kDownDgrad) {
+    lean = tok_lean<KIND>(args);
+    if (lean) kernel = grouped_gemm_kernel<KIND, BN, TOK, false>;
+  }
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   int64_t grid = max_tiles < sms ? max_tiles : sms;
   const int grid_cap = __atomic_load_n(&g_grid_ctas, __ATOMIC_RELAXED); /* diagnostics: fewer CTAs */
@@ -546,16 +574,10 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   args.rank = rows->rank;
   args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
   args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
-  args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
   args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
-  args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
-  args.eager_rows = eager_rule();
-  args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
   args.expert_order = TOK == 1 && expert_order_rule();
   args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
   args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
-  args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
-  args.sclk = TOK ? __atomic_load_n(&g_sclk, __ATOMIC_RELAXED) : NULL;
   args.trace_cap = __atomic_load_n(&g_trace_cap, __ATOMIC_RELAXED);
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
@@ -568,6 +590,8 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
   }
   CUDA_CHECK(NULL, cudaLaunchKernelEx(&cfg, kernel, args));
   CUDA_CHECK(NULL, cudaGetLastError());
+  if (TOK == 1 && KIND != kDownDgrad)
+    __atomic_fetch_add(lean ? &g_lean_launches : &g_diag_launches, 1ull, __ATOMIC_RELAXED);
   return mokSuccess;
 }
 

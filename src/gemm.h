@@ -209,6 +209,11 @@ mokResult_t mok_gemm_tma_map(void *map, const void *ptr, uint64_t inner, uint64_
  * long each pipeline stage took from its loads' issue to its use, in SM cycles (layout:
  * grouped_gemm.cuh tok_sclk_record). Process-wide. */
 mokResult_t mok_gemm_debug_stage_clock(unsigned long long *buf);
+/* Tests: how many forward token-tile launches (CTAs alone) so far took the lean kernel
+ * instance (no diagnostic on, the weight- and row-box knobs at the library's rules: the
+ * instance compiled without them, grouped_gemm.cuh TokKnobs) and how many the instance
+ * with diagnostics. Process-wide counters, never reset. */
+mokResult_t mok_gemm_debug_lean_launches(unsigned long long *lean, unsigned long long *diag);
 
 /* ---- helpers for tests and benchmarks (device work on `stream`, no sync) ---------- */
 /* Fills rows [0, capacity) x cols of a bf16 tensor: rows inside expert e's first

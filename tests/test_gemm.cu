@@ -77,6 +77,11 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_stagger(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_cold_evict(-1), mokInvalidArgument);
+  {
+    unsigned long long l = 0;
+    CHECK_STATUS(mok_gemm_debug_lean_launches(NULL, &l), mokInvalidArgument);
+    CHECK_STATUS(mok_gemm_debug_lean_launches(&l, NULL), mokInvalidArgument);
+  }
   CHECK_STATUS(mok_gemm_debug_l2_promotion(32, -1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_l2_promotion(-1, 512), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_mix_ctas(-2), mokInvalidArgument);
@@ -813,8 +818,11 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
    * and in 128-row boxes first for both kinds (mok_gemm_debug_row_box128), with other L2
    * promotions (mok_gemm_debug_l2_promotion). Last, down in the ring of 128-row stages with
    * an epilogue area of its own (mok_gemm_debug_tok_ring: tiles cut at <= 128 rows, under
-   * run-time tickets). */
-  enum { E = 6, H = 512, I = 512, kRuns = 18 };
+   * run-time tickets). Last, every knob at the library's rule, so that both forward kinds
+   * take the lean kernel instances (compiled without diagnostics, grouped_gemm.cuh
+   * TokKnobs), then the same with the tile trace on, which takes the instances with them:
+   * the launch counters must show which ran. */
+  enum { E = 6, H = 512, I = 512, kRuns = 20, kTraceCap = 4096 };
   static const int counts[E] = {380, 64, 0, 190, 1000, 33};
   int32_t off_h[E + 1] = {0};
   for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
@@ -822,8 +830,11 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
   const size_t wsz = (size_t)E * I * H;
   int32_t *off = NULL, *cnt = NULL;
   mokBf16 *x = NULL, *w = NULL, *w2 = NULL, *dgu = NULL;
+  unsigned long long *trace = NULL, records = 0, lean[2] = {0, 0}, diag[2] = {0, 0};
   CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
   CHECK(cudaMalloc(&cnt, sizeof counts) == cudaSuccess);
+  CHECK(cudaMalloc(&trace, (1 + 4 * (size_t)kTraceCap) * 8) == cudaSuccess);
+  CHECK(cudaMemset(trace, 0, 8) == cudaSuccess);
   CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
   CHECK(cudaMalloc(&w, 2 * wsz * 2) == cudaSuccess);
   CHECK(cudaMalloc(&w2, 2 * wsz * 2) == cudaSuccess); /* [W_up | W_gate], the same values */
@@ -852,21 +863,34 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
                                      "static, W_up before W_gate", "static pairs, W_up before W_gate",
                                      "mix, 32-row boxes only, no L2 promotion",
                                      "static, 128-row boxes for down too, 128-byte promotion",
-                                     "tickets, down in 128-row stages with an epilogue area"};
+                                     "tickets, down in 128-row stages with an epilogue area",
+                                     "static, every knob at its rule (lean instances)",
+                                     "static, every knob at its rule, tile trace on (diagnostics instances)"};
   for (int m = 0; m < kRuns && !err; ++m) {
     const int mode = m < 6 ? (m % 3 ? 2 : 1) : m == 12 || m == 15 || m == 17 ? 2 : m >= 9 ? 1 : 2;
+    const int rule = m >= 18; /* every knob at the library's rule */
     CHECK_OK(mok_gemm_debug_tok_ring(m == 17));
     const int mix = m < 6 ? m % 3 == 2 : m < 9 || m == 12 || m == 15;
     const int swap = m == 13 || m == 14;
-    const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 ? 0 : -1;
+    const int split = m == 6 ? 2 : m == 7 ? 100 : m == 8 || rule ? 0 : -1;
     CHECK_OK(mok_gemm_debug_eager_rows(m == 9 ? 0 : m == 10 ? 96 : -1));
     CHECK_OK(mok_gemm_debug_gu_box(m == 11 ? 3 : m == 12 ? 2 : 0));
     CHECK_OK(mok_gemm_debug_row_box128(m == 15 ? 2 : m == 16 ? 1 : 0));
-    CHECK_OK(mok_gemm_debug_cold_evict(m == 8 ? 1 : 2)); /* the split by the rule */
+    CHECK_OK(mok_gemm_debug_cold_evict(m == 8 ? 1 : rule ? 0 : 2)); /* the split by the rule */
+    if (rule) CHECK_OK(mok_gemm_debug_lean_launches(&lean[m - 18], &diag[m - 18]));
+    if (m == 19) CHECK_OK(mok_gemm_debug_trace(trace, kTraceCap));
     CHECK_OK(mok_gemm_debug_l2_promotion(m == 15 ? 0 : m == 16 ? 128 : -1, m == 15 ? 64 : m == 16 ? 128 : -1));
     err = sched_outputs(mode, mix, (m >= 3 && m < 6) || m == 14, split, E, H, I, cap, off, x, swap ? w2 + wsz : w,
                         swap ? w2 : w + wsz, dgu, act[m], y[m], dw[m]);
+    if (m == 19) CHECK_OK(mok_gemm_debug_trace(NULL, 0));
+    if (rule) {
+      unsigned long long l = 0, d = 0;
+      CHECK_OK(mok_gemm_debug_lean_launches(&l, &d));
+      lean[m - 18] = l - lean[m - 18];
+      diag[m - 18] = d - diag[m - 18];
+    }
   }
+  CHECK(cudaMemcpy(&records, trace, 8, cudaMemcpyDeviceToHost) == cudaSuccess);
   CHECK_OK(mok_gemm_debug_eager_rows(-1));
   CHECK_OK(mok_gemm_debug_tok_ring(0));
   CHECK_OK(mok_gemm_debug_gu_box(0));
@@ -880,8 +904,13 @@ MOK_GPU_TEST(gemm_gpu_schedule_is_bitwise_invisible, 1) {
     if (!bad_dw && memcmp(dw[0], dw[m], wsz * 2)) bad_dw = m;
   }
   for (int m = 0; m < kRuns; ++m) { free(act[m]); free(y[m]); free(dw[m]); }
-  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(w2); cudaFree(dgu);
+  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w); cudaFree(w2); cudaFree(dgu); cudaFree(trace);
   CHECK_MSG(err == NULL, "%s", err);
+  CHECK_MSG(lean[0] == 2 && diag[0] == 0, "knobs at the rule: %llu lean and %llu diagnostics launches, want 2 and 0",
+            lean[0], diag[0]);
+  CHECK_MSG(lean[1] == 0 && diag[1] == 2, "tile trace on: %llu lean and %llu diagnostics launches, want 0 and 2",
+            lean[1], diag[1]);
+  CHECK_MSG(records > 0, "tile trace on: no tile recorded");
   CHECK_MSG(!bad_act, "act differs between the static and the %s schedule", names[bad_act]);
   CHECK_MSG(!bad_y, "y differs between the static and the %s schedule", names[bad_y]);
   CHECK_MSG(!bad_dw, "dW_gate differs between the static and the %s schedule", names[bad_dw]);

@@ -331,6 +331,30 @@ constexpr int kTokMax = kTokUnit * kTokMaxUnits; /* 176 */
 /* Tiles of at most this many rows may give each stage back once their own MMAs on it are
  * done (GemmTileArgs::eager_rows, tok_consume_nt): a branch compiled into those only. */
 constexpr int kTokEagerMaxRows = 96;
+
+/* ---- lean token-tile instances ----------------------------------------------------------
+ * The forward token tiles alone are compiled twice (grouped_gemm_kernel's DIAG). DIAG = true
+ * reads every knob and diagnostic from the arguments. DIAG = false, the instance a launch
+ * takes when no diagnostic is on and the box knobs are at their rules (gemm.cu: tok_lean),
+ * has those rules compiled in and none of the diagnostics' code (tile trace, stage clock,
+ * epilogue switches, pairs without multicast) nor the other weight- and row-box paths: a
+ * kernel's speed depends on code its hot loop never runs (docs/MEGAKERNEL.md). Measured in
+ * three runs on three H200s (docs/PERF.md, session 23): Zipf gate+up over balanced +1.5-2%
+ * (qwen3.5, deepseek-v4-pro), qwen3.5 R512 down +1.2-1.8%, kimi down -1..-2%, the rest
+ * level. (Also compiling in the other rules, eager rows, evict-first and the mix split,
+ * measured level against the parent: not done.) Diagnostic runs time the DIAG instance. */
+constexpr int kLeanGuBoxes = 1; /* gate+up weights: one 4-D box a stage (gu_boxes_rule) */
+template <bool DIAG>
+struct TokKnobs {
+  static __device__ __forceinline__ unsigned long long *sclk(const GemmTileArgs &a) { return DIAG ? a.sclk : nullptr; }
+  static __device__ __forceinline__ unsigned long long *trace(const GemmTileArgs &a) { return DIAG ? a.trace : nullptr; }
+  static __device__ __forceinline__ int epi_debug(const GemmTileArgs &a) { return DIAG ? a.epi_debug : 0; }
+  static __device__ __forceinline__ int pair_solo(const GemmTileArgs &a) { return DIAG ? a.pair_solo : 0; }
+  static __device__ __forceinline__ int gu_boxes(const GemmTileArgs &a) { return DIAG ? a.gu_boxes : kLeanGuBoxes; }
+  /* row_box_rule: gate+up on, down off */
+  template <int KIND>
+  static __device__ __forceinline__ int row_box128(const GemmTileArgs &a) { return DIAG ? a.row_box128 : KIND == kGateUpFwd; }
+};
 /* Tiles for u units: the fewest of <= max_units units, or one more where that makes them
  * equal (512 rows: 4 x 128, not 176 + 176 + 160): tiles of unequal cost drift apart
  * under a static schedule and stop sharing their weight block in L2 (measured: kimi
@@ -1069,7 +1093,7 @@ __device__ __forceinline__ void tok_sclk_record(unsigned long long *o, uint32_t 
   atomicAdd(o + 66, (unsigned long long)wait);
 }
 
-template <int KIND, bool PAIR, int RING = kTokMaxUnits>
+template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true>
 __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  bool cold) {
   using TC = TokConfig<KIND, RING>;
@@ -1084,12 +1108,12 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
     uint64_t *bar = &full[p.stage];
     char *sw = smem + p.stage * TC::kStageBytes;
     char *st = sw + TC::kWBytes;
-    if (a.sclk) tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage] = (uint32_t)clock64(); /* before the release */
+    if (TokKnobs<DIAG>::sclk(a)) tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage] = (uint32_t)clock64(); /* before the release */
     mbarrier_arrive_expect_tx(bar, stage_tx);
     const int kk = kb * kBK, row = c.expert * a.b_rows + c.n0;
     const int rank = PAIR ? (int)cluster_ctarank() : 0, n32 = c.nt / 32; /* per stage: few registers */
-    const bool share_w = PAIR && !a.pair_solo && c.share == kShareW;
-    const bool share_rows = PAIR && !a.pair_solo && c.share == kShareRows;
+    const bool share_w = PAIR && !TokKnobs<DIAG>::pair_solo(a) && c.share == kShareW;
+    const bool share_rows = PAIR && !TokKnobs<DIAG>::pair_solo(a) && c.share == kShareRows;
     if (share_w) { /* weight half `rank` into both CTAs */
       if (KIND == kGateUpFwd) {
         tma_load_2d_multicast(sw + rank * 2 * kChunkBytes, &a.tm_b0, bar, kk, row + 64 * rank, 3);
@@ -1097,11 +1121,11 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
       } else { /* tm_b1: W_down with 128-row boxes */
         tma_load_2d_multicast(sw + rank * (TC::kWBytes / 2), &a.tm_b1, bar, kk, row + 128 * rank, 3);
       }
-    } else if (KIND == kGateUpFwd && a.gu_boxes == 1) { /* [g 0-63 | u 0-63 | g 64-127 | u 64-127] */
+    } else if (KIND == kGateUpFwd && TokKnobs<DIAG>::gu_boxes(a) == 1) { /* [g 0-63 | u 0-63 | g 64-127 | u 64-127] */
       if (hint) /* (the policy made per load: no 64-bit register held on the producer's 40) */
         tma_load_4d_hint(sw, &a.tm_aux, bar, kk, 0, 0, row / 64, l2_policy_evict_first());
       else tma_load_4d(sw, &a.tm_aux, bar, kk, 0, 0, row / 64);
-    } else if (KIND == kGateUpFwd && a.gu_boxes == 2) { /* [g | u] of 64 rows, twice */
+    } else if (KIND == kGateUpFwd && TokKnobs<DIAG>::gu_boxes(a) == 2) { /* [g | u] of 64 rows, twice */
       tma_load_3d(sw, &a.tm_aux, bar, kk, row, 0);
       tma_load_3d(sw + 2 * kChunkBytes, &a.tm_aux, bar, kk, row + 64, 0);
     } else if (KIND == kGateUpFwd) {
@@ -1124,7 +1148,7 @@ __device__ bool tok_tile_produce(const GemmTileArgs &a, const TileCoord &c, char
         tma_load_2d_multicast(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16, 3);
     } else {
       int b0 = 0;
-      if (a.row_box128)
+      if (TokKnobs<DIAG>::template row_box128<KIND>(a))
         for (; b0 + 128 <= c.nt; b0 += 128) tma_load_2d(st + b0 * 128, &a.tm_tok128, bar, kk, c.m0 + b0);
       for (int b = b0 / 32; b < n32; ++b) tma_load_2d(st + b * 32 * 128, &a.tm_tok, bar, kk, c.m0 + 32 * b);
       if (c.nt & 16) tma_load_2d(st + (c.nt - 16) * 128, &a.tm_tok16, bar, kk, c.m0 + c.nt - 16);
@@ -1159,12 +1183,13 @@ __device__ __forceinline__ void tok_piece_open(bool leader, int wg) {
   if (leader) bulk_wait_group_read<1>();
   wg_sync(wg);
 }
+template <bool DIAG = true>
 __device__ __forceinline__ void tok_piece_store(const GemmTileArgs &a, const TileCoord &c, uint32_t b, bool leader,
                                                 int wg, int q0, int q1, const CUtensorMap *m32,
                                                 const CUtensorMap *m16, int x) {
   fence_proxy_async_shared();
   wg_sync(wg);
-  if (leader && a.epi_debug != 1) {
+  if (leader && TokKnobs<DIAG>::epi_debug(a) != 1) {
     for (int q = q0; q + 1 < q1; q += 2) /* 32-row boxes, then the odd unit's 16 */
       tma_store_2d(m32, b + (q - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * q);
     if ((q1 - q0) & 1) tma_store_2d(m16, b + (q1 - 1 - q0) * kTokUnit * 128, x, c.m0 + kTokUnit * (q1 - 1));
@@ -1211,7 +1236,7 @@ __device__ __forceinline__ void tok_zero_piece(uint32_t b, bool leader, int wg) 
  * stall samples were instruction fetches (docs/PERF.md, session 15): the limit's code is
  * compiled apart (LIMIT; with the limit's test in every value, a 176-row tile's epilogue
  * was ~2300 instructions, ~1500 without). */
-template <int NT, bool LIMIT>
+template <int NT, bool LIMIT, bool DIAG = true>
 __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
                                                 const float (&acc0)[NT / 2], const float (&acc1)[NT / 2], int &buf) {
   constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
@@ -1228,7 +1253,7 @@ __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const Til
       const uint32_t b = region + buf * kTokBufBytes;
       tok_piece_open(leader, wg);
       tok_stage_piece<NT, LIMIT>(b, q0, q1, pass, L, acc0, acc1);
-      tok_piece_store(a, c, b, leader, wg, q0, q1, pass == 0 ? &a.tm_out0 : &a.tm_out1,
+      tok_piece_store<DIAG>(a, c, b, leader, wg, q0, q1, pass == 0 ? &a.tm_out0 : &a.tm_out1,
                       pass == 0 ? &a.tm_out0h : &a.tm_out1h, pass == 2 ? a.n_out + col : col);
       buf ^= 1;
     }
@@ -1239,7 +1264,7 @@ __device__ __forceinline__ void tok_epilogue_gu(const GemmTileArgs &a, const Til
  * outlives the tile: its buffers alternate across tiles (buf), and the stores of a tile
  * are left to drain during the next tile's main loop (a buffer is rewritten once the store
  * that last read it is done; the consumers' exit drains the rest). */
-template <int KIND, int NT, bool OWN_AREA = false, bool LIMIT = false>
+template <int KIND, int NT, bool OWN_AREA = false, bool LIMIT = false, bool DIAG = true>
 __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCoord &c, uint32_t region, int wg,
                                              const float (&acc0)[NT / 2], const float (&acc1)[NT / 2], int &ebuf) {
   /* 16-row units of the tile and of its pieces (4: only the last piece may end in a
@@ -1247,9 +1272,9 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
   constexpr int kUnits = NT / kTokUnit, kPiece = 4, kPieces = (kUnits + kPiece - 1) / kPiece;
   const bool leader = (threadIdx.x & 127) == 0;
   int buf = OWN_AREA ? ebuf : 0;
-  if (a.epi_debug == 2) return;
+  if (TokKnobs<DIAG>::epi_debug(a) == 2) return;
   if constexpr (KIND == kGateUpFwd) {
-    tok_epilogue_gu<NT, LIMIT>(a, c, region, wg, acc0, acc1, buf);
+    tok_epilogue_gu<NT, LIMIT, DIAG>(a, c, region, wg, acc0, acc1, buf);
   } else { /* down: the warpgroup's 128 outputs as two blocks of 64 */
 #pragma unroll
     for (int i = 0; i < 2; ++i) {
@@ -1262,7 +1287,7 @@ __device__ __forceinline__ void tok_epilogue(const GemmTileArgs &a, const TileCo
         const uint32_t b = region + buf * kTokBufBytes;
         tok_piece_open(leader, wg);
         tok_stage_piece<NT, false>(b, q0, q1, 3, 0.f, acc, acc);
-        tok_piece_store(a, c, b, leader, wg, q0, q1, &a.tm_out0, &a.tm_out0h, col);
+        tok_piece_store<DIAG>(a, c, b, leader, wg, q0, q1, &a.tm_out0, &a.tm_out0h, col);
         buf ^= 1;
       }
     }
@@ -1394,7 +1419,7 @@ __device__ __forceinline__ void tok_release(uint64_t *bar, bool leader) {
   if (PAIR) mbarrier_arrive_remote_if(bar, cluster_ctarank() ^ 1u, leader); /* read here: no register kept */
 }
 
-template <int KIND, int NT, bool PAIR, int RING = kTokMaxUnits>
+template <int KIND, int NT, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true>
 __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p,
                                                WaitCtx &w, int wg, int k_blocks, int &ebuf) {
   using TC = TokConfig<KIND, RING>;
@@ -1405,7 +1430,8 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
 #pragma unroll
   for (int i = 0; i < NT / 2; ++i) acc0[i] = acc1[i] = 0.f;
   int prev = 0;
-  const bool clk = a.sclk && threadIdx.x == 128;
+  unsigned long long *const sclk = TokKnobs<DIAG>::sclk(a);
+  const bool clk = sclk && threadIdx.x == 128;
   /* compiled only into tiles of <= kTokEagerMaxRows rows: the larger tiles' loop is untouched */
   const bool eager = NT <= kTokEagerMaxRows && NT <= a.eager_rows;
   if constexpr (KIND == kDownDgrad) { /* the epilogue's g and u into L2 while the tile runs */
@@ -1420,7 +1446,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   for (int kb = 0; kb < k_blocks; ++kb) {
     const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
     bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
-    if (clk) tok_sclk_record(a.sclk, tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage], t0, (uint32_t)clock64());
+    if (clk) tok_sclk_record(sclk, tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage], t0, (uint32_t)clock64());
     const uint32_t sw = smem_u32(smem + p.stage * TC::kStageBytes) + wg * 128 * 128;
     const uint32_t st = smem_u32(smem + p.stage * TC::kStageBytes + TC::kWBytes);
     reg_fence_all(acc0, acc1);
@@ -1457,7 +1483,7 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   reg_fence_all(acc0, acc1);
   if constexpr (TC::kEpiBytes > 0) { /* an epilogue area of its own: the stage goes back first */
     if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
-    tok_epilogue<KIND, NT, true>(a, c, smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes), wg, acc0, acc1, ebuf);
+    tok_epilogue<KIND, NT, true, false, DIAG>(a, c, smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes), wg, acc0, acc1, ebuf);
   } else {
     /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
     const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
@@ -1467,9 +1493,9 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
       if (a.limit > 0.f) tok_epilogue_dd<NT, true>(a, c, rp, wg, aux, w, acc0, acc1, ebuf);
       else tok_epilogue_dd<NT, false>(a, c, rp, wg, aux, w, acc0, acc1, ebuf);
     } else if (KIND == kGateUpFwd && a.limit > 0.f) {
-      tok_epilogue<KIND, NT, false, true>(a, c, region, wg, acc0, acc1, ebuf);
+      tok_epilogue<KIND, NT, false, true, DIAG>(a, c, region, wg, acc0, acc1, ebuf);
     } else {
-      tok_epilogue<KIND, NT>(a, c, region, wg, acc0, acc1, ebuf);
+      tok_epilogue<KIND, NT, false, false, DIAG>(a, c, region, wg, acc0, acc1, ebuf);
     }
     if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
   }
@@ -1477,35 +1503,35 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
 
 /* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
  * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128). */
-template <int KIND, bool PAIR, int RING = kTokMaxUnits>
+template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true>
 __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
   if constexpr (RING == kTokRing128) { /* tiles of <= 128 rows */
     switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-      case 16: tok_consume_nt<KIND, 16, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 32: tok_consume_nt<KIND, 32, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 48: tok_consume_nt<KIND, 48, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 64: tok_consume_nt<KIND, 64, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 80: tok_consume_nt<KIND, 80, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 96: tok_consume_nt<KIND, 96, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 112: tok_consume_nt<KIND, 112, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      default: tok_consume_nt<KIND, 128, PAIR, RING>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 16: tok_consume_nt<KIND, 16, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 32: tok_consume_nt<KIND, 32, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 48: tok_consume_nt<KIND, 48, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 64: tok_consume_nt<KIND, 64, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 80: tok_consume_nt<KIND, 80, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 96: tok_consume_nt<KIND, 96, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      case 112: tok_consume_nt<KIND, 112, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+      default: tok_consume_nt<KIND, 128, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
     }
     return;
   }
   switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 16: tok_consume_nt<KIND, 16, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 32: tok_consume_nt<KIND, 32, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 48: tok_consume_nt<KIND, 48, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 64: tok_consume_nt<KIND, 64, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 80: tok_consume_nt<KIND, 80, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 96: tok_consume_nt<KIND, 96, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 112: tok_consume_nt<KIND, 112, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 128: tok_consume_nt<KIND, 128, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 144: tok_consume_nt<KIND, 144, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 160: tok_consume_nt<KIND, 160, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    default: tok_consume_nt<KIND, 176, PAIR>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 16: tok_consume_nt<KIND, 16, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 32: tok_consume_nt<KIND, 32, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 48: tok_consume_nt<KIND, 48, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 64: tok_consume_nt<KIND, 64, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 80: tok_consume_nt<KIND, 80, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 96: tok_consume_nt<KIND, 96, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 112: tok_consume_nt<KIND, 112, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 128: tok_consume_nt<KIND, 128, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 144: tok_consume_nt<KIND, 144, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 160: tok_consume_nt<KIND, 160, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    default: tok_consume_nt<KIND, 176, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
   }
 }
 
@@ -1620,8 +1646,12 @@ struct PickType<false, T, F> {
   using type = F;
 };
 
-template <int KIND, int BN, int TOK>
+/* DIAG: the instance with every knob and diagnostic read from the arguments; false only for
+ * the forward token tiles alone (TOK 1): the lean instance (TokKnobs). */
+template <int KIND, int BN, int TOK, bool DIAG = true>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
+  static_assert(DIAG || (TOK == 1 && KIND != kDownDgrad), "lean instances: the forward token tiles alone");
+  using K = TokKnobs<DIAG>;
   /* token tiles: BN = 128 picks the ring of 128-row stages (kTokRing128), else 256 */
   constexpr int kRing = TOK != 0 && BN == 128 ? kTokRing128 : kTokMaxUnits;
   using TC = typename PickType<TOK != 0, TokConfig<KIND == kDownFwd || KIND == kDownDgrad ? KIND : kGateUpFwd, kRing>,
@@ -1791,7 +1821,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         bool ok;
         if constexpr (TOK != 0) { /* cold: a one-tile expert's tile (split mix order, gate+up alone) */
           const bool cold = KIND == kGateUpFwd && TOK == 1 && mix_tc[2] && (mix_tc[3] & 1);
-          ok = tok_tile_produce<KIND, TOK == 2, kRing>(a, c, smem, p, w, cold);
+          ok = tok_tile_produce<KIND, TOK == 2, kRing, DIAG>(a, c, smem, p, w, cold);
         } else {
           ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
         }
@@ -1825,9 +1855,9 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */
       w.tile = (uint32_t)t;
       if constexpr (TOK != 0) {
-        if (a.trace && threadIdx.x == 128) tile_trace_start(c, smem + TC::kBarOffset, t);
-        tok_tile_consume<KIND, TOK == 2, kRing>(a, c, smem, p, w, wg - 1, ebuf);
-        if (a.trace && threadIdx.x == 128) tile_trace_end(a, smem + TC::kBarOffset);
+        if (K::trace(a) && threadIdx.x == 128) tile_trace_start(c, smem + TC::kBarOffset, t);
+        tok_tile_consume<KIND, TOK == 2, kRing, DIAG>(a, c, smem, p, w, wg - 1, ebuf);
+        if (K::trace(a) && threadIdx.x == 128) tile_trace_end(a, smem + TC::kBarOffset);
       }
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);
     }
