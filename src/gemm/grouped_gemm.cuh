@@ -339,9 +339,9 @@ constexpr int kTokEagerMaxRows = 96;
  * has those rules compiled in and none of the diagnostics' code (tile trace, stage clock,
  * epilogue switches, pairs without multicast) nor the other weight- and row-box paths: a
  * kernel's speed depends on code its hot loop never runs (docs/MEGAKERNEL.md). Measured in
- * three runs on three H200s (docs/PERF.md, session 23): Zipf gate+up over balanced +1.5-2%
- * (qwen3.5, deepseek-v4-pro), qwen3.5 R512 down +1.2-1.8%, kimi down -1..-2%, the rest
- * level. (Also compiling in the other rules, eager rows, evict-first and the mix split,
+ * four runs on four H200s (docs/PERF.md, session 23): deepseek-v4-pro Zipf gate+up over
+ * balanced +1.4-1.9 points, qwen3.5 R512 down +1.1-1.6, kimi down -0.4..-2.0, the rest
+ * within 2. (Also compiling in the other rules, eager rows, evict-first and the mix split,
  * measured level against the parent: not done.) Diagnostic runs time the DIAG instance. */
 constexpr int kLeanGuBoxes = 1; /* gate+up weights: one 4-D box a stage (gu_boxes_rule) */
 template <bool DIAG>
