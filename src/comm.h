@@ -89,7 +89,8 @@ typedef struct mokCommDev {
   X(MOK_WAIT_TEST, 4, "test-planted error", "detail")                                   \
   X(MOK_WAIT_GEMM_LOAD, 5, "expert GEMM: wait for a stage's TMA load", "tile")          \
   X(MOK_WAIT_GEMM_SLOT, 6, "expert GEMM: wait for a free pipeline stage", "tile")       \
-  X(MOK_WAIT_GEMM_SCHED, 7, "expert GEMM: wait for the tile scheduler", "slot")
+  X(MOK_WAIT_GEMM_SCHED, 7, "expert GEMM: wait for the tile scheduler", "slot")        \
+  X(MOK_WAIT_GEMM_DEP, 8, "expert GEMM: wait for the tiles a tile reads (fused forward: an expert's gate+up tiles)", "expert")
 #define MOK_WAIT_ENUM_(name, value, text, where) name = value,
 enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
 #undef MOK_WAIT_ENUM_

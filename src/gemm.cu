@@ -503,6 +503,39 @@ static int smem_plan() {
   else return TileConfig<KIND, BN>::kSmemBytes;
 }
 
+/* The arguments every launch takes from the knobs and rules (kind, tok: the launch's). */
+static void finish_args(GemmTileArgs &args, const mokGemmRows_t *rows, int kind, int tok) {
+  args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
+  args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
+  args.eager_rows = eager_rule();
+  args.cold_evict = cold_evict_rule(kind == kGateUpFwd);
+  args.trace = tok ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
+  args.sclk = tok ? __atomic_load_n(&g_sclk, __ATOMIC_RELAXED) : NULL;
+  args.rank = rows->rank;
+  args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
+  args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
+  args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
+  args.expert_order = tok == 1 && expert_order_rule();
+  args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
+  args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
+  args.trace_cap = __atomic_load_n(&g_trace_cap, __ATOMIC_RELAXED);
+}
+
+/* A launch's scheduler slot (the ring above) and its error word (the caller's, or the
+ * module's). */
+static mokResult_t take_sched_slot(GemmTileArgs &args, const mokGemmRows_t *rows) {
+  void *sched = nullptr, *err = nullptr;
+  CUDA_CHECK(NULL, cudaGetSymbolAddress(&sched, g_gemm_sched));
+  args.sched = static_cast<int *>(sched) + 4 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
+  if (rows->error_word) {
+    args.error_word = rows->error_word;
+  } else {
+    CUDA_CHECK(NULL, cudaGetSymbolAddress(&err, g_gemm_error));
+    args.error_word = static_cast<unsigned long long *>(err);
+  }
+  return mokSuccess;
+}
+
 /* Whether a launch of the forward token tiles alone can take the lean kernel instance
  * (grouped_gemm.cuh: TokKnobs): no diagnostic on and every knob the lean instance compiles in
  * at its rule's value. */
@@ -527,12 +560,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
     return mok_error(NULL, mokNotSupported, "grouped GEMM: needs %d bytes of shared memory per block, device has %d",
                      smem, optin);
   void (*kernel)(GemmTileArgs) = grouped_gemm_kernel<KIND, BN, TOK>;
-  args.epi_debug = __atomic_load_n(&g_epi_debug, __ATOMIC_RELAXED);
-  args.mix_ctas = __atomic_load_n(&g_mix_ctas, __ATOMIC_RELAXED);
-  args.eager_rows = eager_rule();
-  args.cold_evict = cold_evict_rule(KIND == kGateUpFwd);
-  args.trace = TOK ? __atomic_load_n(&g_trace, __ATOMIC_RELAXED) : NULL;
-  args.sclk = TOK ? __atomic_load_n(&g_sclk, __ATOMIC_RELAXED) : NULL;
+  finish_args(args, rows, KIND, TOK);
   bool lean = false;
   if constexpr (TOK == 1 && KIND != kDownDgrad) {
     lean = tok_lean<KIND>(args);
@@ -562,23 +590,7 @@ static mokResult_t launch(GemmTileArgs args, const mokGemmRows_t *rows, int64_t 
     grid = 2 * ((grid + 1) / 2);
     if (grid > 2 * (int64_t)clusters) grid = 2 * (int64_t)clusters;
   }
-  void *sched = nullptr, *err = nullptr;
-  CUDA_CHECK(NULL, cudaGetSymbolAddress(&sched, g_gemm_sched));
-  args.sched = static_cast<int *>(sched) + 4 * (__atomic_fetch_add(&g_sched_next, 1u, __ATOMIC_RELAXED) % kSchedRing);
-  if (rows->error_word) {
-    args.error_word = rows->error_word;
-  } else {
-    CUDA_CHECK(NULL, cudaGetSymbolAddress(&err, g_gemm_error));
-    args.error_word = static_cast<unsigned long long *>(err);
-  }
-  args.rank = rows->rank;
-  args.timeout_ns = __atomic_load_n(&g_timeout_ns, __ATOMIC_RELAXED);
-  args.stall_tile = __atomic_load_n(&g_stall_tile, __ATOMIC_RELAXED);
-  args.sched_mode = __atomic_load_n(&g_sched_mode, __ATOMIC_RELAXED);
-  args.expert_order = TOK == 1 && expert_order_rule();
-  args.split_tail = __atomic_load_n(&g_split_tail, __ATOMIC_RELAXED);
-  args.pair_solo = __atomic_load_n(&g_pairs, __ATOMIC_RELAXED) == 3;
-  args.trace_cap = __atomic_load_n(&g_trace_cap, __ATOMIC_RELAXED);
+  MOK_CHECK(take_sched_slot(args, rows));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3((unsigned)grid);
   cfg.blockDim = dim3(kThreads);
@@ -628,10 +640,29 @@ static int64_t row_tiles_bound(const mokGemmRows_t *rows, int n, int out_cols) {
   return rows->capacity / 64 * ((n + out_cols - 1) / out_cols);
 }
 
-extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
-                                           const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
-                                           mokBf16 *act, mokBf16 *gu, cudaStream_t stream) {
-  static const char fn[] = "mok_gemm_gateup_fwd";
+static mokResult_t gateup_fwd_launch(const GemmTileArgs &a, const mokGemmTileShape_t &ts, const mokGemmRows_t *rows,
+                                     int inter, cudaStream_t stream) {
+  if (ts.token && pair_rule(inter / 128))
+    return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
+  if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
+  return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
+}
+
+static mokResult_t down_fwd_launch(GemmTileArgs a, const mokGemmTileShape_t &ts, int pairs, const mokGemmRows_t *rows,
+                                   int hidden, cudaStream_t stream) {
+  if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  if (ts.token && tok_ring_rule(rows)) { /* 128-row stages, an epilogue area of their own */
+    a.tok_units = a.tok_units < kTokRing128 ? a.tok_units : kTokRing128;
+    return launch<kDownFwd, 128, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  }
+  if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+}
+
+/* The forward gate+up launch's arguments (checked), its tile shape in ts. */
+static mokResult_t gateup_fwd_args(const char *fn, const mokGemmRows_t *rows, int hidden, int inter,
+                                   float swiglu_limit, const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                   mokBf16 *act, mokBf16 *gu, GemmTileArgs &a, mokGemmTileShape_t &ts) {
   MOK_CHECK(check_rows(fn, rows, hidden, inter));
   MOK_CHECK(check_limit(fn, swiglu_limit));
   MOK_CHECK(check_ptr(fn, "x", x));
@@ -639,9 +670,8 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(check_ptr(fn, "w_up", w_up));
   MOK_CHECK(check_ptr(fn, "act", act));
   if (gu) MOK_CHECK(check_ptr(fn, "gu", gu));
-  mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
-  GemmTileArgs a = base_args(rows);
+  a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   const uint32_t out_box = ts.token ? 32 : 64; /* token tiles: 32-row boxes (and 16 below) */
   MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
@@ -672,22 +702,29 @@ extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden
   a.limit = swiglu_limit;
   a.mix = mix_rule(mokGemmGateUpFwd);
   a.stagger = stagger_rule();
-  if (ts.token && pair_rule(inter / 128))
-    return launch<kGateUpFwd, 256, 2>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
-  if (ts.token) return launch<kGateUpFwd, 256, 1>(a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
-  return launch_bn<kGateUpFwd>(ts.bn, a, rows, row_tiles_bound(rows, inter, ts.out_cols), stream);
+  return mokSuccess;
 }
 
-extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
-                                         const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
-  static const char fn[] = "mok_gemm_down_fwd";
+extern "C" mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                           const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                           mokBf16 *act, mokBf16 *gu, cudaStream_t stream) {
+  GemmTileArgs a;
+  mokGemmTileShape_t ts;
+  MOK_CHECK(gateup_fwd_args("mok_gemm_gateup_fwd", rows, hidden, inter, swiglu_limit, x, w_gate, w_up, act, gu, a, ts));
+  return gateup_fwd_launch(a, ts, rows, inter, stream);
+}
+
+/* The forward down launch's arguments (checked), its tile shape in ts; pairs: whether it
+ * runs in CTA pairs (then tm_b1 holds a CTA's half of the weight block). */
+static mokResult_t down_fwd_args(const char *fn, const mokGemmRows_t *rows, int hidden, int inter,
+                                 const mokBf16 *act, const mokBf16 *w_down, mokBf16 *y, GemmTileArgs &a,
+                                 mokGemmTileShape_t &ts, int &pairs) {
   MOK_CHECK(check_rows(fn, rows, hidden, inter));
   MOK_CHECK(check_ptr(fn, "act", act));
   MOK_CHECK(check_ptr(fn, "w_down", w_down));
   MOK_CHECK(check_ptr(fn, "y", y));
-  mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(mokGemmDownFwd, hidden, inter, &ts));
-  GemmTileArgs a = base_args(rows);
+  a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map(&a.tm_a, act, inter, rows->capacity, kBM, "act"));
   MOK_CHECK(make_map(&a.tm_a64, act, inter, rows->capacity, 64, "act"));
@@ -698,7 +735,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, act, inter, rows->capacity, 128, "act", pr));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, ts.token ? 256 : ts.bn, "w_down", pw));
   a.tm_b1 = a.tm_b0;
-  const int pairs = ts.token && pair_rule(hidden / 256);
+  pairs = ts.token && pair_rule(hidden / 256);
   if (pairs) MOK_CHECK(make_map(&a.tm_b1, w_down, inter, E * hidden, 128, "w_down", pw)); /* a CTA's half */
   a.n_out = hidden;
   a.k_len = inter;
@@ -709,13 +746,76 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
-  if (pairs) return launch<kDownFwd, 256, 2>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
-  if (ts.token && tok_ring_rule(rows)) { /* 128-row stages, an epilogue area of their own */
-    a.tok_units = a.tok_units < kTokRing128 ? a.tok_units : kTokRing128;
-    return launch<kDownFwd, 128, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
+                                         const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream) {
+  GemmTileArgs a;
+  mokGemmTileShape_t ts;
+  int pairs = 0;
+  MOK_CHECK(down_fwd_args("mok_gemm_down_fwd", rows, hidden, inter, act, w_down, y, a, ts, pairs));
+  return down_fwd_launch(a, ts, pairs, rows, hidden, stream);
+}
+
+/* ---- the routed experts' forward in one launch (gemm/ffn_fwd.cuh, gemm_ffn.cu) ---------
+ * Where both kinds run lean token tiles alone (not in pairs), on the down launch's ring.
+ * The rule (knob 0): fused where the down launch takes the 176-row ring (some tile of more
+ * than 128 rows, or counts not on the host), else the two launches. Measured (docs/PERF.md,
+ * session 25, 1x H200, fused over the two launches in turn, one process each): 176-row
+ * ring qwen3.5 R320 +1.3..+1.7%, kimi R341 +2.5%, Zipf 1.2 +1.6..+2.6% on all five shapes;
+ * the 128-row ring glm R512 -1.4%, deepseek-v4-pro R256 level (two runs: 0 / +0.2%).
+ * 1: fused wherever it can run; 2: the two launches. */
+static int g_ffn = 0;
+/* gemm_ffn.cu: the fused launch of these two launches' arguments (finished, one sched slot) */
+mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
+                                cudaStream_t stream);
+static int ffn_rule(const mokGemmRows_t *rows) {
+  const int knob = __atomic_load_n(&g_ffn, __ATOMIC_RELAXED);
+  return knob ? knob == 1 : !tok_ring_rule(rows);
+}
+static unsigned long long g_ffn_launches = 0; /* fused launches made (mok_gemm_debug_ffn_launches) */
+
+extern "C" mokResult_t mok_gemm_debug_ffn_launches(unsigned long long *n) {
+  if (!n) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_ffn_launches: n is NULL");
+  *n = __atomic_load_n(&g_ffn_launches, __ATOMIC_RELAXED);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_gemm_debug_ffn(int mode) { return set_mode_knob(&g_ffn, mode, 2, "mok_gemm_debug_ffn"); }
+
+extern "C" mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                        const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                        const mokBf16 *w_down, mokBf16 *act, mokBf16 *gu, mokBf16 *y,
+                                        cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_ffn_fwd";
+  GemmTileArgs ga, da;
+  mokGemmTileShape_t tg, td;
+  int pairs = 0;
+  MOK_CHECK(check_ptr(fn, "w_down", w_down)); /* (down's own before gate+up's maps: nothing built on a refusal) */
+  MOK_CHECK(check_ptr(fn, "y", y));
+  MOK_CHECK(gateup_fwd_args(fn, rows, hidden, inter, swiglu_limit, x, w_gate, w_up, act, gu, ga, tg));
+  MOK_CHECK(down_fwd_args(fn, rows, hidden, inter, act, w_down, y, da, td, pairs));
+  finish_args(ga, rows, kGateUpFwd, 1);
+  finish_args(da, rows, kDownFwd, 1);
+  const bool fused = ffn_rule(rows) && tg.token && td.token && !pairs && !pair_rule(inter / 128) &&
+                     tok_lean<kGateUpFwd>(ga) && tok_lean<kDownFwd>(da);
+  if (!fused) {
+    MOK_CHECK(gateup_fwd_launch(ga, tg, rows, inter, stream));
+    return down_fwd_launch(da, td, pairs, rows, hidden, stream);
   }
-  if (ts.token) return launch<kDownFwd, 256, 1>(a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
-  return launch_bn<kDownFwd>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
+  MOK_CHECK(take_sched_slot(ga, rows));
+  da.sched = ga.sched;
+  da.error_word = ga.error_word;
+  const int ring128 = tok_ring_rule(rows); /* both kinds on the down launch's ring */
+  if (ring128) {
+    ga.tok_units = ga.tok_units < kTokRing128 ? ga.tok_units : kTokRing128;
+    da.tok_units = ga.tok_units;
+  }
+  const int64_t tiles = row_tiles_bound(rows, inter, tg.out_cols) + row_tiles_bound(rows, hidden, td.out_cols);
+  MOK_CHECK(mok_gemm_ffn_launch(ga, da, ring128, tiles, stream));
+  __atomic_fetch_add(&g_ffn_launches, 1ull, __ATOMIC_RELAXED);
+  return mokSuccess;
 }
 
 extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,

@@ -102,6 +102,14 @@ mokResult_t mok_gemm_gateup_fwd(const mokGemmRows_t *rows, int hidden, int inter
 /* Forward down GEMM. */
 mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *act,
                               const mokBf16 *w_down, mokBf16 *y, cudaStream_t stream);
+/* The routed experts' forward, gate+up (SwiGLU) then down, results bitwise those of the
+ * two calls above: one persistent launch (src/gemm/ffn_fwd.cuh: a down tile of an expert
+ * starts once that expert's gate+up tiles have stored act) where both kinds run token
+ * tiles, W_up lies after W_gate (one 4-D TMA box) and the rule (mok_gemm_debug_ffn) picks
+ * it, else the two launches. */
+mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                             const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up, const mokBf16 *w_down,
+                             mokBf16 *act, mokBf16 *gu, mokBf16 *y, cudaStream_t stream);
 /* Backward: data gradient through W_down with the SwiGLU backward epilogue. */
 mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
                                 const mokBf16 *dy, const mokBf16 *w_down, const mokBf16 *gu,
@@ -157,6 +165,12 @@ mokResult_t mok_gemm_debug_trace(unsigned long long *buf, int cap);
  * of 16 rows), so that the CTAs running them go out of step with the others: 0 = the
  * library's rule, 1 = on, 2 = off. Process-wide. */
 mokResult_t mok_gemm_debug_stagger(int mode);
+/* mok_gemm_ffn_fwd: 0 = the rule (fused where the down GEMM takes its 176-row stages:
+ * gemm.cu ffn_rule), 1 = one fused launch wherever it can run, 2 = two launches.
+ * Process-wide. */
+mokResult_t mok_gemm_debug_ffn(int mode);
+/* [OUT] n: fused launches mok_gemm_ffn_fwd made so far in this process (tests). */
+mokResult_t mok_gemm_debug_ffn_launches(unsigned long long *n);
 /* Benchmarks: forward token tiles load their rows in 128-row TMA boxes first, then 32-row
  * ones and a 16 (1), or in 32-row boxes (2); 0 = the library's rule (gate+up 128, down 32).
  * Process-wide. */

@@ -81,6 +81,8 @@ MOK_TEST(gemm_validation) {
     unsigned long long l = 0;
     CHECK_STATUS(mok_gemm_debug_lean_launches(NULL, &l), mokInvalidArgument);
     CHECK_STATUS(mok_gemm_debug_lean_launches(&l, NULL), mokInvalidArgument);
+    CHECK_STATUS(mok_gemm_debug_ffn_launches(NULL), mokInvalidArgument);
+    CHECK_STATUS(mok_gemm_debug_ffn(3), mokInvalidArgument);
   }
   CHECK_STATUS(mok_gemm_debug_l2_promotion(32, -1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_l2_promotion(-1, 512), mokInvalidArgument);
@@ -111,6 +113,11 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_wgrad_gateup(&rows, 256, 256, p, p, (mokDtype_t)7, q, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "grad_dtype") != NULL);
   CHECK_STATUS(mok_gemm_wgrad_down(&rows, 256, 256, p, p, mokDtypeBF16, NULL, 0), mokInvalidArgument);
+  /* the fused forward checks both kinds' arguments before it launches either */
+  CHECK_STATUS(mok_gemm_ffn_fwd(&rows, 256, 256, 0.f, p, p, p, NULL, q, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "mok_gemm_ffn_fwd") != NULL && strstr(mokGetLastError(), "w_down is NULL") != NULL);
+  CHECK_STATUS(mok_gemm_ffn_fwd(&rows, 256, 256, -1.f, p, p, p, p, q, q, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "swiglu_limit") != NULL);
 }
 
 /* ---- CPU: the tile schedule ---------------------------------------------------------
@@ -375,6 +382,8 @@ typedef struct gemm_case {
   int sample_rows;   /* 0: check every row; else this many rows per expert (first, last, spread) */
   int sample_wrows;  /* weight rows checked per expert and matrix (0 = all) */
   int no_counts;     /* 1: the GEMMs get no expert_count (token tiles cover whole segments) */
+  int fused;         /* 1: the forward through mok_gemm_ffn_fwd with the fused launch on;
+                        2: the same with the counts on the host too (the ring rule's input) */
 } gemm_case;
 
 typedef struct gemm_bufs {
@@ -445,9 +454,14 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
   TRY_CUDA(cudaMalloc(&b->act, cap * I * 2));
   TRY_CUDA(cudaMalloc(&b->gu, cap * I * 4));
   TRY_CUDA(cudaMalloc(&b->dgu, cap * I * 4));
-  TRY_CUDA(cudaMalloc(&b->wg, wsz * 2));
-  TRY_CUDA(cudaMalloc(&b->wu, wsz * 2));
+  if (c->fused) { /* W_up right after W_gate (the fused launch's 4-D weight box); freed with it */
+    TRY_CUDA(cudaMalloc(&b->wg, wsz * 4));
+  } else {
+    TRY_CUDA(cudaMalloc(&b->wg, wsz * 2));
+    TRY_CUDA(cudaMalloc(&b->wu, wsz * 2));
+  }
   TRY_CUDA(cudaMalloc(&b->wd, wsz * 2));
+  mokBf16 *const wu = c->fused ? b->wg + wsz : b->wu;
   TRY_CUDA(cudaMalloc(&b->dwg, wsz * 4));
   TRY_CUDA(cudaMalloc(&b->dwu, wsz * 4));
   TRY_CUDA(cudaMalloc(&b->dwd, wsz * 4));
@@ -459,7 +473,7 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
   TRY_MOK(mok_gemm_fill_rows(b->x, cap, H, seed + 1, 1.0f, E, b->off, b->cnt, 0));
   TRY_MOK(mok_gemm_fill_rows(b->dy, cap, H, seed + 2, 1.0f, E, b->off, b->cnt, 0));
   TRY_MOK(mok_gemm_fill_rows(b->wg, (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
-  TRY_MOK(mok_gemm_fill_rows(b->wu, (int64_t)E * I, H, seed + 4, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+  TRY_MOK(mok_gemm_fill_rows(wu, (int64_t)E * I, H, seed + 4, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
   TRY_MOK(mok_gemm_fill_rows(b->wd, (int64_t)E * H, I, seed + 5, 1.0f / sqrtf((float)I), 0, NULL, NULL, 0));
   /* poison every output */
   TRY_CUDA(cudaMemset(b->act, 0xFF, cap * I * 2));
@@ -475,10 +489,22 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
   TRY_CUDA(cudaMemset(b->dwd2, 0xFF, wsz * 4));
 
   mokGemmRows_t rows = {E, cap, b->off, c->no_counts ? NULL : b->cnt};
-  TRY_MOK(mok_gemm_gateup_fwd(&rows, H, I, c->limit, b->x, b->wg, b->wu, b->act, b->gu, 0));
-  TRY_MOK(mok_gemm_down_fwd(&rows, H, I, b->act, b->wd, b->y, 0));
+  if (c->fused == 2) rows.expert_count_host = c->counts;
+  if (c->fused) {
+    unsigned long long n0 = 0, n1 = 0;
+    TRY_MOK(mok_gemm_debug_ffn_launches(&n0));
+    TRY_MOK(mok_gemm_debug_ffn(1));
+    const mokResult_t r = mok_gemm_ffn_fwd(&rows, H, I, c->limit, b->x, b->wg, wu, b->wd, b->act, b->gu, b->y, 0);
+    TRY_MOK(mok_gemm_debug_ffn(0));
+    TRY_MOK(r);
+    TRY_MOK(mok_gemm_debug_ffn_launches(&n1));
+    if (n1 != n0 + 1) return FAIL("mok_gemm_ffn_fwd made %llu fused launches, want 1", n1 - n0);
+  } else {
+    TRY_MOK(mok_gemm_gateup_fwd(&rows, H, I, c->limit, b->x, b->wg, wu, b->act, b->gu, 0));
+    TRY_MOK(mok_gemm_down_fwd(&rows, H, I, b->act, b->wd, b->y, 0));
+  }
   TRY_MOK(mok_gemm_down_dgrad(&rows, H, I, c->limit, b->dy, b->wd, b->gu, b->dgu, 0));
-  TRY_MOK(mok_gemm_gateup_dgrad(&rows, H, I, b->dgu, b->wg, b->wu, b->dx, 0));
+  TRY_MOK(mok_gemm_gateup_dgrad(&rows, H, I, b->dgu, b->wg, wu, b->dx, 0));
   /* bf16 weight grads twice (bitwise check), fp32 once */
   TRY_MOK(mok_gemm_wgrad_gateup(&rows, H, I, b->dgu, b->x, mokDtypeBF16, b->dwg, b->dwu, 0));
   TRY_MOK(mok_gemm_wgrad_down(&rows, H, I, b->dy, b->act, mokDtypeBF16, b->dwd, 0));
@@ -512,7 +538,7 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
       (err = copy_down(hy, b->y, nx * 2)) || (err = copy_down(hdx, b->dx, nx * 2)) ||
       (err = copy_down(hact, b->act, na * 2)) || (err = copy_down(hgu, b->gu, na * 4)) ||
       (err = copy_down(hdgu, b->dgu, na * 4)) || (err = copy_down(hwg, b->wg, wsz * 2)) ||
-      (err = copy_down(hwu, b->wu, wsz * 2)) || (err = copy_down(hwd, b->wd, wsz * 2)) ||
+      (err = copy_down(hwu, wu, wsz * 2)) || (err = copy_down(hwd, b->wd, wsz * 2)) ||
       (err = copy_down(hdwg, b->dwg, wsz * 2)) || (err = copy_down(hdwu, b->dwu, wsz * 2)) ||
       (err = copy_down(hdwd, b->dwd, wsz * 2)) || (err = copy_down(hdwg2, b->dwg2, wsz * 2)) ||
       (err = copy_down(hdwu2, b->dwu2, wsz * 2)) || (err = copy_down(hdwd2, b->dwd2, wsz * 2)))
@@ -700,73 +726,219 @@ MOK_GPU_TEST(gemm_gpu_many_experts, 1) {
   CHECK_MSG(err == NULL, "%s", err);
 }
 
+/* ---- GPU: the fused forward (gate+up then down in one launch) --------------------- */
+MOK_GPU_TEST(gemm_gpu_ffn_fused_matches_float64, 1) {
+  /* mok_gemm_ffn_fwd with the fused launch on, then the backward kinds on its outputs,
+   * everything against float64 (run_case): token tiles of every width with an empty
+   * expert, uneven experts (tickets, experts with most rows first), a hot expert with the
+   * SwiGLU limit, whole segments without counts, and one balanced layout (static schedule,
+   * expert 0 cut in half: stagger); then with the counts on the host as the layer gives
+   * them, so that the ring rule picks the 128-row stages (every tile <= 128 rows, a SwiGLU
+   * limit: gate+up's epilogue in its own area) or the 176-row ones. */
+  static const int counts[15] = {0, 1, 20, 40, 64, 70, 90, 100, 128, 140, 150, 170, 341, 300, 1000};
+  static const int hot[3] = {0, 700, 33};
+  static const int even[8] = {320, 320, 320, 320, 320, 320, 320, 320};
+  static const int small[6] = {256, 512, 100, 0, 128, 33}; /* every tile <= 128 rows */
+  const gemm_case cases[6] = {{15, 512, 256, counts, 0.0f, 24, 32, 0, 1},
+                              {15, 512, 256, counts, 0.0f, 24, 32, 1, 1},
+                              {3, 256, 256, hot, 1.0f, 40, 0, 0, 1},
+                              {8, 512, 384, even, 0.0f, 12, 24, 0, 1},
+                              {6, 512, 256, small, 2.0f, 16, 24, 0, 2},
+                              {15, 512, 256, counts, 0.0f, 24, 32, 0, 2}};
+  for (int i = 0; i < 6; ++i) {
+    const char *err = run_case(&cases[i], test_seed() ^ 0xff17 ^ (uint64_t)i);
+    CHECK_MSG(err == NULL, "case %d: %s", i, err);
+  }
+}
+
+/* act, g|u and y of one forward (ffn: mok_gemm_ffn_fwd with the knob `ffn`; else the two
+ * calls) into host buffers. */
+static const char *ffn_outputs(int ffn, int sched, const mokGemmRows_t *rows, int H, int I, float limit, int64_t cap,
+                               const mokBf16 *x, const mokBf16 *wg, const mokBf16 *wu, const mokBf16 *wd,
+                               mokBf16 *act, mokBf16 *gu, mokBf16 *y, uint16_t *h) {
+  const char *err = NULL;
+  cudaMemset(act, 0xFF, (size_t)cap * I * 2);
+  cudaMemset(gu, 0xFF, (size_t)cap * I * 4);
+  cudaMemset(y, 0xFF, (size_t)cap * H * 2);
+  if (mok_gemm_debug_sched(sched, 1) != mokSuccess || mok_gemm_debug_ffn(ffn) != mokSuccess ||
+      mok_gemm_ffn_fwd(rows, H, I, limit, x, wg, wu, wd, act, gu, y, 0) != mokSuccess)
+    err = FAIL("launch failed: %s", mokGetLastError());
+  else if (cudaMemcpy(h, act, (size_t)cap * I * 2, cudaMemcpyDeviceToHost) != cudaSuccess ||
+           cudaMemcpy(h + (size_t)cap * I, gu, (size_t)cap * I * 4, cudaMemcpyDeviceToHost) != cudaSuccess ||
+           cudaMemcpy(h + (size_t)cap * I * 3, y, (size_t)cap * H * 2, cudaMemcpyDeviceToHost) != cudaSuccess)
+    err = "cudaMemcpy failed";
+  mok_gemm_debug_sched(0, 1);
+  mok_gemm_debug_ffn(0);
+  return err;
+}
+
+MOK_GPU_TEST(gemm_gpu_ffn_fused_is_bitwise_two_launches, 1) {
+  /* The fused launch against the two launches it replaces, every bit of act, g|u and y
+   * (padding rows included: both write zeros there), on balanced experts (static
+   * schedule, stagger), uneven ones with an empty expert and a one-row one (tickets, the
+   * split mix order: experts of one and of several tiles), many small experts (one tile
+   * each), tiles of <= 128 rows with the counts on the host
+   * (the 128-row ring, a SwiGLU limit), and each layout also under the other schedule. */
+  enum { H = 512, I = 256, kLayouts = 4 };
+  static const int bal[8] = {320, 320, 320, 320, 320, 320, 320, 320};
+  static const int uneven[7] = {700, 0, 1, 190, 64, 33, 341};
+  static const int small[6] = {256, 512, 100, 0, 128, 33}; /* host counts: the 128-row ring */
+  int many[40];
+  for (int e = 0; e < 40; ++e) many[e] = (e * 53) % 97 + (e % 5 == 0 ? 0 : 17);
+  const int *layouts[kLayouts] = {bal, uneven, many, small};
+  const int nexp[kLayouts] = {8, 7, 40, 6};
+  const float limit[kLayouts] = {0.0f, 0.0f, 0.0f, 1.5f};
+  for (int l = 0; l < kLayouts && !t->failed; ++l) {
+    const int E = nexp[l];
+    int32_t *off_h = (int32_t *)calloc((size_t)E + 1, sizeof(int32_t));
+    for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (layouts[l][e] + 63) / 64 * 64;
+    const int64_t cap = off_h[E] + 64;
+    int32_t *off = NULL, *cnt = NULL;
+    mokBf16 *x = NULL, *wg = NULL, *wu = NULL, *wd = NULL, *act = NULL, *gu = NULL, *y = NULL;
+    const size_t wsz = (size_t)E * I * H, per = (size_t)cap * (I * 3 + H);
+    uint16_t *h[2] = {(uint16_t *)malloc(per * 2), (uint16_t *)malloc(per * 2)};
+    CHECK(cudaMalloc(&off, sizeof(int32_t) * (E + 1)) == cudaSuccess);
+    CHECK(cudaMalloc(&cnt, sizeof(int32_t) * E) == cudaSuccess);
+    CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
+    CHECK(cudaMalloc(&wg, wsz * 4) == cudaSuccess); /* W_up right after W_gate: the fused launch's 4-D box */
+    wu = wg + wsz;
+    CHECK(cudaMalloc(&wd, wsz * 2) == cudaSuccess);
+    CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess);
+    CHECK(cudaMalloc(&gu, (size_t)cap * I * 4) == cudaSuccess);
+    CHECK(cudaMalloc(&y, (size_t)cap * H * 2) == cudaSuccess);
+    CHECK(cudaMemcpy(off, off_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice) == cudaSuccess);
+    CHECK(cudaMemcpy(cnt, layouts[l], sizeof(int32_t) * E, cudaMemcpyHostToDevice) == cudaSuccess);
+    const uint64_t seed = test_seed() ^ 0xf00d ^ (uint64_t)l;
+    CHECK_OK(mok_gemm_fill_rows(x, cap, H, seed + 1, 1.0f, E, off, cnt, 0));
+    CHECK_OK(mok_gemm_fill_rows(wg, (int64_t)E * I, H, seed + 2, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+    CHECK_OK(mok_gemm_fill_rows(wu, (int64_t)E * I, H, seed + 3, 1.0f / sqrtf((float)H), 0, NULL, NULL, 0));
+    CHECK_OK(mok_gemm_fill_rows(wd, (int64_t)E * H, I, seed + 4, 1.0f / sqrtf((float)I), 0, NULL, NULL, 0));
+    mokGemmRows_t rows = {E, cap, off, cnt};
+    if (l == 3) rows.expert_count_host = layouts[l];
+    for (int sched = 0; sched < 3 && !t->failed; ++sched) { /* the rule, static, tickets */
+      unsigned long long n0 = 0, n1 = 0, n2 = 0;
+      CHECK_OK(mok_gemm_debug_ffn_launches(&n0));
+      const char *err = ffn_outputs(2, sched, &rows, H, I, limit[l], cap, x, wg, wu, wd, act, gu, y, h[0]);
+      CHECK_OK(mok_gemm_debug_ffn_launches(&n1));
+      if (!err) err = ffn_outputs(1, sched, &rows, H, I, limit[l], cap, x, wg, wu, wd, act, gu, y, h[1]);
+      CHECK_OK(mok_gemm_debug_ffn_launches(&n2));
+      CHECK_MSG(err == NULL, "layout %d, schedule %d: %s", l, sched, err);
+      if (err) break;
+      CHECK_MSG(n1 == n0 && n2 == n1 + 1, "layout %d, schedule %d: fused launches %llu, %llu (want 0 then 1)", l,
+                sched, n1 - n0, n2 - n1);
+      size_t diff = 0, first = per;
+      for (size_t i = 0; i < per; ++i)
+        if (h[0][i] != h[1][i]) diff += 1, first = first < i ? first : i;
+      CHECK_MSG(diff == 0, "layout %d, schedule %d: %zu of %zu outputs differ (first at %zu: %04x vs %04x)", l, sched,
+                diff, per, first, first < per ? h[0][first] : 0, first < per ? h[1][first] : 0);
+    }
+    unsigned long long word = 0;
+    CHECK_OK(mok_gemm_error_word(&word, 1));
+    CHECK_MSG(word == 0, "layout %d: device error word 0x%llx", l, word);
+    free(h[0]); free(h[1]); free(off_h);
+    cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(wg); cudaFree(wd);
+    cudaFree(act); cudaFree(gu); cudaFree(y);
+  }
+}
+
+/* The segment offsets of these routed-row counts (each padded to 64) on the device, their
+ * total rows in *cap; NULL if cudaMalloc or the copy failed. */
+static int32_t *dev_offsets(const int *counts, int E, int64_t *cap) {
+  int32_t *off_h = (int32_t *)calloc((size_t)E + 1, sizeof(int32_t)), *off = NULL;
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
+  *cap = off_h[E];
+  if (cudaMalloc(&off, sizeof(int32_t) * (E + 1)) != cudaSuccess ||
+      cudaMemcpy(off, off_h, sizeof(int32_t) * (E + 1), cudaMemcpyHostToDevice) != cudaSuccess) {
+    cudaFree(off);
+    off = NULL;
+  }
+  free(off_h);
+  return off;
+}
+
+/* Waits (polling, at most 10 s) for stream s; a launch still running then means a wait
+ * that is not bounded: the test run ends there (the GPU cannot be reclaimed). */
+static cudaError_t poll_stream(cudaStream_t s, const char *test) {
+  struct timespec t0, t1;
+  clock_gettime(CLOCK_MONOTONIC, &t0);
+  cudaError_t q;
+  while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
+    clock_gettime(CLOCK_MONOTONIC, &t1);
+    if ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) > 10.0) {
+      printf("FAIL  %-52s  the GEMM with a lost load still runs after 10 s: its waits are not bounded. "
+             "Ending the test run here.\n", test);
+      fflush(stdout);
+      _Exit(1);
+    }
+    struct timespec nap = {0, 1000000};
+    nanosleep(&nap, NULL);
+  }
+  return q;
+}
+
 /* ---- GPU: a lost load becomes a reported timeout, and the next launches still work -- */
 MOK_GPU_TEST(gemm_gpu_stalled_load_times_out, 1) {
-  /* The producer of tile 2 (alone, then in CTA pairs: pair 2) never issues its loads
-   * (test knob): its consumers' wait must
-   * run out after the 50 ms budget, record TIMEOUT / GEMM load / tile 2 in the module's
-   * error word and end the kernel (polled for at most 10 s, never synchronised blindly).
-   * Then, knob off and word cleared, a full chain of every kind must be right again: the
-   * aborted launch left the scheduler counters zeroed. */
+  /* The producer of tile 2 (gate+up alone, then in CTA pairs: pair 2, then the fused
+   * forward: a gate+up tile of expert 0) never issues its loads (test knob): its
+   * consumers' wait must run out after the 50 ms budget, record TIMEOUT / GEMM load / tile
+   * 2 in the module's error word (the fused forward: that, or its down tiles' wait on
+   * expert 0's gate+up tiles, whichever is recorded first) and end the kernel (polled for
+   * at most 10 s, never synchronised blindly). Then, knob off and word cleared, a full
+   * chain of every kind must be right again, through the two launches and the fused one:
+   * the aborted launches left their counters zeroed. */
   enum { E = 3, H = 256, I = 256 };
   static const int counts[E] = {300, 0, 200};
-  int32_t off_h[E + 1] = {0};
-  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64;
-  const int64_t cap = off_h[E];
-  int32_t *off = NULL;
-  mokBf16 *x = NULL, *wg = NULL, *wu = NULL, *act = NULL;
+  int64_t cap = 0;
+  int32_t *off = dev_offsets(counts, E, &cap);
+  mokBf16 *x = NULL, *wg = NULL, *act = NULL, *y = NULL;
   cudaStream_t s = NULL;
-  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess);
+  const size_t wsz = (size_t)E * I * H;
+  CHECK(off != NULL);
   CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess);
-  CHECK(cudaMalloc(&wg, (size_t)E * I * H * 2) == cudaSuccess);
-  CHECK(cudaMalloc(&wu, (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&wg, wsz * 4) == cudaSuccess); /* W_gate (= W_down), then W_up: the fused 4-D box */
   CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess);
+  CHECK(cudaMalloc(&y, (size_t)cap * H * 2) == cudaSuccess);
   CHECK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking) == cudaSuccess);
-  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
   CHECK(cudaMemset(x, 0, (size_t)cap * H * 2) == cudaSuccess);
-  CHECK(cudaMemset(wg, 0, (size_t)E * I * H * 2) == cudaSuccess);
-  CHECK(cudaMemset(wu, 0, (size_t)E * I * H * 2) == cudaSuccess);
+  CHECK(cudaMemset(wg, 0, wsz * 4) == cudaSuccess);
   unsigned long long word = 0;
   CHECK_OK(mok_gemm_error_word(&word, 1)); /* start clean */
-  /* alone, then in CTA pairs (2-CTA clusters, tickets through the mailbox: tile 2 is pair 2) */
-  for (int pairs = 0; pairs < 2 && !t->failed; ++pairs) {
-    CHECK_OK(mok_gemm_debug_pairs(pairs ? 1 : 2));
+  for (int mode = 0; mode < 3 && !t->failed; ++mode) { /* alone, CTA pairs, fused */
+    unsigned long long n0 = 0, n1 = 0;
+    CHECK_OK(mok_gemm_debug_ffn_launches(&n0));
+    CHECK_OK(mok_gemm_debug_pairs(mode == 1 ? 1 : 2));
+    CHECK_OK(mok_gemm_debug_ffn(1));
     CHECK_OK(mok_gemm_debug_set(50000000ull, 2));
     const mokGemmRows_t rows = {E, cap, off};
-    const mokResult_t launched = mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wu, act, NULL, s);
+    const mokResult_t launched = mode < 2 ? mok_gemm_gateup_fwd(&rows, H, I, 0.0f, x, wg, wg + wsz, act, NULL, s)
+                                          : mok_gemm_ffn_fwd(&rows, H, I, 0.0f, x, wg, wg + wsz, wg, act, NULL, y, s);
     CHECK_OK(mok_gemm_debug_set(0, -1));
+    CHECK_OK(mok_gemm_debug_ffn(0));
     CHECK_OK(mok_gemm_debug_pairs(0));
     CHECK_OK(launched);
-    struct timespec t0, t1;
-    clock_gettime(CLOCK_MONOTONIC, &t0);
-    cudaError_t q;
-    while ((q = cudaStreamQuery(s)) == cudaErrorNotReady) {
-      clock_gettime(CLOCK_MONOTONIC, &t1);
-      if ((double)(t1.tv_sec - t0.tv_sec) + 1e-9 * (double)(t1.tv_nsec - t0.tv_nsec) > 10.0) {
-        printf("FAIL  %-52s  the GEMM with a lost load still runs after 10 s: its waits are not bounded. "
-               "Ending the test run here.\n", "gemm_gpu_stalled_load_times_out");
-        fflush(stdout);
-        _Exit(1);
-      }
-      struct timespec nap = {0, 1000000};
-      nanosleep(&nap, NULL);
-    }
+    CHECK_OK(mok_gemm_debug_ffn_launches(&n1));
+    CHECK_MSG(n1 - n0 == (mode == 2), "mode %d: %llu fused launches", mode, n1 - n0);
+    const cudaError_t q = poll_stream(s, "gemm_gpu_stalled_load_times_out");
     CHECK_MSG(q == cudaSuccess, "the aborted GEMM launch failed: %s (it must end cleanly)", cudaGetErrorString(q));
     CHECK_OK(mok_gemm_error_word(&word, 1));
-    CHECK_MSG(MOK_ERRWORD_KIND(word) == MOK_DEVERR_TIMEOUT, "error word 0x%llx: kind %u, want timeout (%u)", word,
-              MOK_ERRWORD_KIND(word), MOK_DEVERR_TIMEOUT);
-    CHECK_MSG(MOK_ERRWORD_WHAT(word) == MOK_WAIT_GEMM_LOAD && MOK_ERRWORD_WHERE(word) == 2,
-              "error word 0x%llx: what %u where %u, want a GEMM load wait (%d) of tile 2", word, MOK_ERRWORD_WHAT(word),
-              MOK_ERRWORD_WHERE(word), MOK_WAIT_GEMM_LOAD);
+    CHECK_MSG(MOK_ERRWORD_KIND(word) == MOK_DEVERR_TIMEOUT, "mode %d: error word 0x%llx: kind %u, want timeout (%u)",
+              mode, word, MOK_ERRWORD_KIND(word), MOK_DEVERR_TIMEOUT);
+    const unsigned what = MOK_ERRWORD_WHAT(word), where = MOK_ERRWORD_WHERE(word);
+    CHECK_MSG((what == MOK_WAIT_GEMM_LOAD && where == 2) || (mode == 2 && what == MOK_WAIT_GEMM_DEP && where == 0),
+              "mode %d: error word 0x%llx: what %u where %u, want a GEMM load wait (%d) of tile 2 (fused: or a "
+              "dependency wait (%d) of expert 0)",
+              mode, word, what, where, MOK_WAIT_GEMM_LOAD, MOK_WAIT_GEMM_DEP);
     CHECK_OK(mok_gemm_error_word(&word, 0));
     CHECK_MSG(word == 0, "the error word was not cleared: 0x%llx", word);
   }
   cudaStreamDestroy(s);
-  cudaFree(off); cudaFree(x); cudaFree(wg); cudaFree(wu); cudaFree(act);
+  cudaFree(off); cudaFree(x); cudaFree(wg); cudaFree(act); cudaFree(y);
   static const int again[4] = {130, 0, 64, 257};
-  gemm_case c = {4, 320, 256, again, 0.0f, 0, 0};
-  const char *err = run_case(&c, test_seed() ^ 0x5a11);
-  CHECK_MSG(err == NULL, "after the aborted launch: %s", err);
+  for (int fused = 0; fused < 2; ++fused) {
+    gemm_case c = {4, fused ? 512 : 320, 256, again, 0.0f, 0, 0, 0, fused}; /* (fused: H % 256 == 0) */
+    const char *err = run_case(&c, test_seed() ^ 0x5a11 ^ (uint64_t)fused);
+    CHECK_MSG(err == NULL, "after the aborted launches (%s): %s", fused ? "fused" : "two launches", err);
+  }
 }
 
 /* ---- GPU: the tile schedule changes no bit of any output --------------------------- */

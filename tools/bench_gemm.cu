@@ -6,6 +6,7 @@
  *   mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]
  *                  [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]
  *                  [--iters N] [--json FILE] [--sched auto|static|tickets] [--tail split|one]
+ *                  [--ffn on|off] ...
  *
  * Rows: E_l local experts (default: the model's E / 8, the local experts of 8 GPUs);
  * R rows each (default: the published per-expert load of the model, else 512), or the
@@ -102,7 +103,7 @@ static void usage(void) {
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
           "                      [--ddown-tok on|off] [--seed N|clock]\n"
           "                      [--vs-balanced on|off] [--vs-cublas-zipf on|off] [--kinds LIST]\n"
-          "                      [--trace FILE] [--stage-clock on|off] [--ctas N]\n"
+          "                      [--trace FILE] [--stage-clock on|off] [--ctas N] [--ffn on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
           "  wgateup32,wdown32 (default all)\n"
           "  --sched, --tail, --counts, --raster: diagnostics: how tiles reach the CTAs (default\n"
@@ -137,12 +138,15 @@ static void usage(void) {
           "  --epi-debug: timing only, token-tile outputs WRONG: 1 no TMA stores, 2 no epilogue\n"
           "  --trace FILE: per-tile start/end times of one more forward launch, CSV\n"
           "  (kind,cta,tile,expert,rows,block,start_ns,end_ns; scripts/trace-summary.py reads it)\n"
-          "  --stage-clock on: one more forward launch each; pipeline stages' issue -> use times\nmodels:");
+          "  --stage-clock on: one more forward launch each; pipeline stages' issue -> use times\n"
+          "  --ffn on: also the routed forward as one fused launch (mok_gemm_ffn_fwd) against its two\n"
+          "  launches, in turn, checked bitwise equal (with --kinds gateup,down: beside cuBLAS's two)\nmodels:");
   for (size_t i = 0; i < sizeof kModels / sizeof kModels[0]; ++i) fprintf(stderr, " %s", kModels[i].name);
   fprintf(stderr, "\n");
 }
 
 /* ---- state --------------------------------------------------------------------------- */
+enum { K_GATEUP, K_DOWN, K_DDOWN, K_DGATEUP, K_WGATEUP, K_WDOWN, K_WGATEUP32, K_WDOWN32, K_N };
 typedef struct bench {
   int E, H, I;
   float limit;
@@ -171,6 +175,8 @@ typedef struct bench {
   int json_first;
   int sclk;    /* --stage-clock: one more launch of each forward kind, stage times printed */
   FILE *trace; /* --trace: token-tile records of one more launch of each forward kind (CSV) */
+  int ffn;     /* --ffn: the fused forward (mok_gemm_ffn_fwd) timed against the two launches */
+  float cub_ms[K_N]; /* cuBLAS's median of each kind run (0: not run) */
   char shape[128];
 } bench;
 
@@ -220,7 +226,6 @@ static int time_pair(bench *b, run_fn fa, run_fn fb, void *ctx, float *ma, float
 }
 
 /* ---- the GEMM calls -------------------------------------------------------------------- */
-enum { K_GATEUP, K_DOWN, K_DDOWN, K_DGATEUP, K_WGATEUP, K_WDOWN, K_WGATEUP32, K_WDOWN32, K_N };
 static const char *kKindFlag[K_N] = {"gateup", "down", "ddown", "dgateup", "wgateup", "wdown", "wgateup32", "wdown32"};
 static const char *kKindName[K_N] = {"gateup+swiglu", "down", "dgrad down+swiglu'", "dgrad gate+up",
                                      "wgrad gate+up bf16", "wgrad down bf16", "wgrad gate+up fp32",
@@ -690,6 +695,7 @@ static int bench_kind(bench *b, int k) {
   if (!ok) b->wrong = 1;
   float ms = 0, cms = 0;
   if (time_pair(b, run_ours, run_cublas, (void *)(intptr_t)k, &ms, &cms)) return 1;
+  b->cub_ms[k] = cms;
   if (b->trace && (k == K_GATEUP || k == K_DOWN) && trace_kind(b, k)) return 1;
   float zms = 0, bms = 0;
   if (b->vs_bal) { /* balanced inputs, the pair, then the run's own inputs back */
@@ -755,6 +761,68 @@ static int bench_kind(bench *b, int k) {
     fprintf(b->json, "}");
     b->json_first = 0;
   }
+  return 0;
+}
+
+/* ---- the fused forward (--ffn) ---------------------------------------------------------- */
+/* ctx 1: mok_gemm_ffn_fwd with the fused launch; 0: the same call making the two launches */
+static int run_ffn(bench *b, void *ctx) {
+  if (mok_gemm_debug_ffn(ctx ? 1 : 2) != mokSuccess ||
+      mok_gemm_ffn_fwd(&b->rows, b->H, b->I, b->limit, b->x, b->wg, b->wu, b->wd, b->act, b->gu, b->y, 0) !=
+          mokSuccess) {
+    fprintf(stderr, "bench gemm: fused forward: %s\n", mokGetLastError());
+    mok_gemm_debug_ffn(0);
+    return 1;
+  }
+  return mok_gemm_debug_ffn(0) != mokSuccess;
+}
+static int run_ffn_fused(bench *b, void *ctx) { return run_ffn(b, (void *)1); }
+static int run_ffn_two(bench *b, void *ctx) { return run_ffn(b, NULL); }
+
+/* act, g|u and y of one forward into host memory (h: rows_used * (3I + H) values). */
+static int ffn_snapshot(bench *b, int fused, uint16_t *h) {
+  const size_t u = (size_t)b->rows_used;
+  if (run_ffn(b, fused ? (void *)1 : NULL)) return 1;
+  BCUDA(cudaMemcpy(h, b->act, u * b->I * 2, cudaMemcpyDeviceToHost));
+  BCUDA(cudaMemcpy(h + u * b->I, b->gu, u * b->I * 4, cudaMemcpyDeviceToHost));
+  BCUDA(cudaMemcpy(h + u * b->I * 3, b->y, u * b->H * 2, cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+/* The fused forward against the two launches it replaces (ours, in turn), both checked to
+ * agree in every bit; beside cuBLAS's two GEMMs of this run (their medians above). */
+static int bench_ffn(bench *b) {
+  const size_t n = (size_t)b->rows_used * (3 * (size_t)b->I + b->H);
+  uint16_t *h0 = (uint16_t *)malloc(n * 2), *h1 = (uint16_t *)malloc(n * 2);
+  unsigned long long n0 = 0, n1 = 0;
+  int rc = !h0 || !h1 || ffn_snapshot(b, 0, h0) || mok_gemm_debug_ffn_launches(&n0) != mokSuccess ||
+           ffn_snapshot(b, 1, h1) || mok_gemm_debug_ffn_launches(&n1) != mokSuccess;
+  size_t diff = 0;
+  for (size_t i = 0; !rc && i < n; ++i) diff += h0[i] != h1[i];
+  free(h0);
+  free(h1);
+  if (rc) return 1;
+  if (diff) {
+    fprintf(stderr, "bench gemm: the fused forward differs from the two launches in %zu of %zu outputs\n", diff, n);
+    b->wrong = 1;
+  }
+  float fms = 0, tms = 0;
+  if (time_pair(b, run_ffn_fused, run_ffn_two, NULL, &fms, &tms)) return 1;
+  const double flop = 2.0 * (double)b->rows_real * 3.0 * b->I * b->H;
+  const double cms = b->cub_ms[K_GATEUP] + b->cub_ms[K_DOWN];
+  printf("%-20s %-24s %8.3f %8.1f  two launches %.3f ms (%.1f): fused / two %.3f; cuBLAS gate+up + down %.3f ms: "
+         "ours fused / it %.3f; bitwise %s%s\n",
+         "fused gate+up+down", b->shape, fms, flop / (fms * 1e-3) / 1e12, tms, flop / (tms * 1e-3) / 1e12, tms / fms,
+         cms, cms > 0 ? cms / fms : 0.0, diff ? "DIFFERENT" : "equal",
+         n1 == n0 + 1 ? "" : " (NOT FUSED: the library made the two launches; see mok_gemm_ffn_fwd)");
+  if (b->json)
+    fprintf(b->json,
+            "%s\n  {\"kind\": \"fused gate+up+down\", \"experts\": %d, \"hidden\": %d, \"inter\": %d, "
+            "\"rows\": %lld, \"ms\": %.5f, \"tflops\": %.2f, \"two_launches_ms\": %.5f, \"cublas_ms\": %.5f, "
+            "\"bitwise\": %s}",
+            b->json_first ? "" : ",", b->E, b->H, b->I, (long long)b->rows_real, fms, flop / (fms * 1e-3) / 1e12, tms,
+            cms, diff ? "false" : "true");
+  b->json_first = 0;
   return 0;
 }
 
@@ -864,6 +932,10 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--tok-units")) {
       tok_units = atoi(v);
       if (tok_units < 1 || tok_units > 11) { fprintf(stderr, "bench gemm: --tok-units U, 1 <= U <= 11\n"); return 2; }
+    }
+    else if (!strcmp(a, "--ffn")) {
+      b->ffn = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 0 : -2;
+      if (b->ffn < 0) { fprintf(stderr, "bench gemm: --ffn on|off\n"); return 2; }
     }
     else if (!strcmp(a, "--kinds")) {
       kinds = 0;
@@ -1070,6 +1142,7 @@ static int bench_main(int argc, char **argv, bench *b) {
          "HBM GB/s", "rel.err");
   for (int k = 0; k < K_N; ++k)
     if ((kinds >> k & 1) && bench_kind(b, k)) return 1;
+  if (b->ffn && bench_ffn(b)) return 1;
   if (b->json) {
     fprintf(b->json, "\n]}\n");
     fclose(b->json);

@@ -1483,7 +1483,13 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   reg_fence_all(acc0, acc1);
   if constexpr (TC::kEpiBytes > 0) { /* an epilogue area of its own: the stage goes back first */
     if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
-    tok_epilogue<KIND, NT, true, false, DIAG>(a, c, smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes), wg, acc0, acc1, ebuf);
+    const uint32_t area = smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes);
+    if constexpr (KIND == kGateUpFwd) { /* (the fused forward's gate+up tiles on this ring) */
+      if (a.limit > 0.f) tok_epilogue<KIND, NT, true, true, DIAG>(a, c, area, wg, acc0, acc1, ebuf);
+      else tok_epilogue<KIND, NT, true, false, DIAG>(a, c, area, wg, acc0, acc1, ebuf);
+    } else {
+      tok_epilogue<KIND, NT, true, false, DIAG>(a, c, area, wg, acc0, acc1, ebuf);
+    }
   } else {
     /* the last stage's weight rows of this warpgroup stage the epilogue, then it goes back */
     const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
@@ -1637,6 +1643,68 @@ __device__ __forceinline__ void mix_counts(const GemmTileArgs &a, int &T, int &C
   P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
 }
 
+/* One thread: the barriers of a persistent GEMM kernel's shared memory from `full`: the
+ * ring's full[STAGES] (the producer's arrive.expect_tx) and empty[STAGES] (EMPTY arrivals:
+ * one per consumer warpgroup, of both CTAs in pairs), aux[2] (the consumer warpgroups'
+ * leaders), then the schedule slots' sfull / sempty [kSchedSlots]; then the fence that
+ * makes them visible to the async proxy. */
+template <int STAGES, int EMPTY>
+__device__ __forceinline__ void gemm_barriers_init(uint64_t *full) {
+  uint64_t *empty = full + STAGES, *sfull = empty + STAGES + 2, *sempty = sfull + kSchedSlots;
+  for (int s = 0; s < STAGES; ++s) {
+    mbarrier_init(&full[s], 1);
+    mbarrier_init(&empty[s], EMPTY);
+  }
+  mbarrier_init(&empty[STAGES], 1);     /* aux[0]: leader of consumer WG 0 */
+  mbarrier_init(&empty[STAGES + 1], 1); /* aux[1] */
+  for (int s = 0; s < kSchedSlots; ++s) {
+    mbarrier_init(&sfull[s], 1);
+    mbarrier_init(&sempty[s], kThreads - 128);
+  }
+  fence_mbarrier_init();
+}
+
+/* A consumer warpgroup takes the next schedule slot: waits for it (bounded); false when any
+ * of the warpgroup's threads failed (the warpgroup leaves together: its named barrier);
+ * else the tile into c, its index into t (-1: no more), word 5 (the tile's k0, or the fused
+ * forward's kind) into x5, and the slot goes back to the producer. */
+__device__ __forceinline__ bool gemm_take_slot(volatile int *slot, uint64_t *sfull, uint64_t *sempty, PipeState &sp,
+                                               WaitCtx &w, int wg, TileCoord &c, int &t, int &x5) {
+  w.tile = (uint32_t)sp.stage;
+  const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
+  const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
+  if (stop) return false;
+  const volatile int *o = slot + kSlotInts * sp.stage;
+  t = o[0];
+  c.expert = o[1], c.m0 = o[2], c.m_end = o[3], c.n0 = o[4], x5 = o[5], c.k_blocks = o[6], c.nt = o[7];
+  c.z_end = o[8];
+  mbarrier_arrive(&sempty[sp.stage]);
+  pipe_advance<kSchedSlots>(sp);
+  return true;
+}
+
+/* The expert order of token tiles under tickets (order_on), by every thread of the CTA:
+ * the experts' tok_rows staged in ring stage 0 (nothing is loaded there yet), then a
+ * thread an expert writes it at its rank (tok_expert_rank); the order (uint16) at
+ * smem + ORDER_OFFSET. Ends with every thread past a __syncthreads (the barriers'
+ * initialisation before it is seen too). */
+template <int ORDER_OFFSET>
+__device__ __forceinline__ void tok_order_experts(const GemmTileArgs &a, char *smem, bool order_on) {
+  int *order_rows = reinterpret_cast<int *>(smem);
+  if (order_on)
+    for (int e = threadIdx.x; e < (a.num_experts + 3) / 4 * 4; e += kThreads)
+      order_rows[e] =
+          e < a.num_experts ? tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) : -1;
+  __syncthreads();
+  if (order_on) {
+    uint16_t *o = reinterpret_cast<uint16_t *>(smem + ORDER_OFFSET);
+    for (int e = threadIdx.x; e < a.num_experts; e += kThreads)
+      o[tok_expert_rank(order_rows, a.num_experts, e)] = (uint16_t)e;
+    fence_proxy_async_shared(); /* stage 0's generic reads and writes before its first TMA load */
+    __syncthreads();
+  }
+}
+
 template <bool B, class T, class F>
 struct PickType {
   using type = T;
@@ -1668,22 +1736,12 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
 
   PairMail *mail = reinterpret_cast<PairMail *>(smem + TC::kBarOffset + kMailOffset);
   if (threadIdx.x == 0) {
-    for (int s = 0; s < TC::kStages; ++s) {
-      mbarrier_init(&full[s], 1);  /* the producer's arrive.expect_tx */
-      mbarrier_init(&empty[s], TOK == 2 ? 4 : 2); /* one arrive per consumer warpgroup (of both CTAs) */
-    }
     if (TOK == 2)
       for (int s = 0; s < 2; ++s) {
         mbarrier_init(&mail->full[s], 1);
         mbarrier_init(&mail->empty[s], 1);
       }
-    mbarrier_init(&empty[TC::kStages], 1);     /* aux[0]: leader of consumer WG 0 */
-    mbarrier_init(&empty[TC::kStages + 1], 1); /* aux[1] */
-    for (int s = 0; s < kSchedSlots; ++s) {
-      mbarrier_init(&sfull[s], 1);
-      mbarrier_init(&sempty[s], kThreads - 128);
-    }
-    fence_mbarrier_init();
+    gemm_barriers_init<TC::kStages, TOK == 2 ? 4 : 2>(full);
   }
   /* The expert order (a.expert_order; forward token tiles with counts, under tickets), by
    * every thread: the experts' tok_rows staged in ring stage 0 (nothing is loaded there
@@ -1695,21 +1753,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
   if constexpr (kOrder)
     order_on = a.expert_order && a.expert_count && a.num_experts > 1 && a.num_experts <= kOrderMaxExperts &&
                (a.sched_mode == 2 || (a.sched_mode == 0 && use_tickets<KIND, TOK>(a)));
-  int *order_rows = reinterpret_cast<int *>(smem);
-  if (order_on)
-    for (int e = threadIdx.x; e < (a.num_experts + 3) / 4 * 4; e += kThreads)
-      order_rows[e] =
-          e < a.num_experts ? tok_rows(a, e, __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) : -1;
-  __syncthreads();
-  if constexpr (kOrder) {
-    if (order_on) {
-      uint16_t *o = reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset);
-      for (int e = threadIdx.x; e < a.num_experts; e += kThreads)
-        o[tok_expert_rank(order_rows, a.num_experts, e)] = (uint16_t)e;
-      fence_proxy_async_shared(); /* stage 0's generic reads and writes before its first TMA load */
-      __syncthreads();
-    }
-  }
+  if constexpr (kOrder) tok_order_experts<TC::kOrderOffset>(a, smem, order_on);
+  else __syncthreads();
   if constexpr (TOK == 2) cluster_sync(); /* the other CTA's barriers exist before anything reaches them */
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0); /* warp-uniform for ptxas */
@@ -1841,17 +1886,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
     int ebuf = 0; /* token tiles with an epilogue area of their own: its next buffer; down
                      dgrad token tiles: the parity of this warpgroup's aux barrier */
     for (;;) {
-      w.tile = (uint32_t)sp.stage;
-      const bool ok = bar_wait(&sfull[sp.stage], sp.phase, w, MOK_WAIT_GEMM_SCHED);
-      /* the warpgroup leaves together (its named barrier) when any of its threads failed */
-      const bool stop = wg == 1 ? named_barrier_or<1>(128u, !ok) : named_barrier_or<2>(128u, !ok);
-      if (stop) break;
-      const volatile int *o = slot + kSlotInts * sp.stage;
-      const int t = o[0];
-      c.expert = o[1], c.m0 = o[2], c.m_end = o[3], c.n0 = o[4], c.k0 = o[5], c.k_blocks = o[6], c.nt = o[7];
-      c.z_end = o[8];
-      mbarrier_arrive(&sempty[sp.stage]);
-      pipe_advance<kSchedSlots>(sp);
+      int t;
+      if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, c.k0)) break;
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break; /* uniform loop exit for ptxas */
       w.tile = (uint32_t)t;
       if constexpr (TOK != 0) {

@@ -28,6 +28,12 @@ __device__ __forceinline__ void fence_mbarrier_init() {
 __device__ __forceinline__ void fence_proxy_async_shared() {
   asm volatile("fence.proxy.async.shared::cta;" ::: "memory");
 }
+/* Orders this thread's generic-proxy accesses of global memory with its async-proxy ones
+ * (TMA): after an acquire, before the TMA loads that read what it made visible; after a
+ * bulk store's completion, before the release that publishes it. */
+__device__ __forceinline__ void fence_proxy_async_global() {
+  asm volatile("fence.proxy.async.global;" ::: "memory");
+}
 __device__ __forceinline__ void mbarrier_arrive(uint64_t *bar) {
   asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_u32(bar)) : "memory");
 }

@@ -1,0 +1,308 @@
+/*
+ * ffn_fwd.cuh — the routed experts' forward in one persistent launch: every gate+up
+ * token tile (SwiGLU epilogue, act and optionally g|u stored), then every down token
+ * tile, a down tile of expert e starting its loads once every gate+up tile of e has
+ * stored its act rows. The tiles are grouped_gemm.cuh's device functions
+ * (tok_tile_produce, tok_tile_consume), called by a second persistent kernel with a
+ * schedule and a dependency of its own: the compute part of the forward megakernel
+ * (docs/MEGAKERNEL.md) without its communication, and one launch instead of two (the
+ * gate+up launch's last wave no longer leaves SMs idle: down tiles fill it).
+ *
+ * The dependency, per expert, in FfnArgs::ready (zero before the launch):
+ *  - a consumer warpgroup that ran a gate+up tile of expert e, before it starts its next
+ *    tile (or leaves), waits for its TMA stores to complete (cp.async.bulk.wait_group 0:
+ *    the global writes done, not only shared memory read), fences them to the generic
+ *    proxy and adds 1 to ready[e] (red.release.gpu): 2 per tile, one per warpgroup;
+ *  - the producer, before the first load of a down tile of expert e, waits until ready[e]
+ *    counts every gate+up tile of e (ld.acquire.gpu; bounded: MOK_WAIT_GEMM_DEP with the
+ *    expert in the error word), then fences the async proxy: its TMA loads of act come
+ *    after the acquire.
+ * Schedule: phase 0 runs the gate+up tiles, phase 1 the down tiles. Phase 0 as the gate+up
+ * launch alone would: a static round-robin where its rule says so (balanced experts, with
+ * the stagger), else tickets, in the split mix order where it mixes (the one-tile experts'
+ * tiles first on CTAs [0, P), each class from its own counter, a CTA whose class ran out
+ * takes the other's once). Phase 1 always by tickets (so a CTA that finished its gate+up
+ * tiles early takes more down tiles: the gate+up launch's last wave no longer idles), in
+ * the split mix order where down mixes.
+ * Deadlock-free: a CTA starts phase 1 only once every gate+up tile has been handed out
+ * (its static share done, or both classes' counters past their ends), to CTAs that run
+ * them without waiting; all CTAs are resident at once (one a SM, at most one wave).
+ * Results: bitwise those of mok_gemm_gateup_fwd then mok_gemm_down_fwd (the same tile
+ * code, one fixed reduction order an output, whatever tile or CTA computes it).
+ * Rings: the down launch's rule (gemm.cu tok_ring_rule) for both kinds: 128-row stages with
+ * an epilogue area where every tile is <= 128 rows, else 176-row stages.
+ * Not here (yet): CTA pairs, diagnostics (lean instances only), weights of W_up below
+ * W_gate (no 4-D box: the two launches then).
+ */
+#ifndef MOK_GEMM_FFN_FWD_CUH
+#define MOK_GEMM_FFN_FWD_CUH
+
+#include "comm_device.cuh" /* defines: ld_acquire_gpu_u32, red_release_gpu_add_u32 */
+#include "gemm/grouped_gemm.cuh"
+
+namespace mok_sm90 {
+
+struct FfnArgs {
+  GemmTileArgs gu; /* gate+up token tiles (gemm.cu builds both as for their own launches) */
+  GemmTileArgs dn; /* down token tiles; its sched, error word and knobs are gu's */
+  uint32_t *ready; /* [num_experts] gate+up warpgroup tiles stored, then kFfnCounters
+                      counters (FfnCtr); all zero before the launch, zeroed again by the
+                      last of the CTAs' 3 roles to leave */
+};
+/* The launch's counters after ready[num_experts]: the next ticket of each phase (0 gate+up,
+ * 1 down) and class (0: experts of several tiles an output block, or all experts without
+ * the split; 1: the one-tile experts of the split mix order), and the roles that left. */
+enum FfnCtr { kCtrTicket = 0, kCtrLeft = 4, kFfnCounters = 8 };
+
+/* The ring of RING-unit stages (kTokMaxUnits: 176 rows; kTokRing128: 128 rows and an
+ * epilogue area, tiles of <= 128 rows), one layout for both kinds. */
+template <int RING>
+struct FfnRing : TokConfig<kGateUpFwd, RING> {
+  static_assert(TokConfig<kGateUpFwd, RING>::kSmemBytes == TokConfig<kDownFwd, RING>::kSmemBytes &&
+                    TokConfig<kGateUpFwd, RING>::kStages == TokConfig<kDownFwd, RING>::kStages &&
+                    TokConfig<kGateUpFwd, RING>::kBarOffset == TokConfig<kDownFwd, RING>::kBarOffset,
+                "gate+up and down token tiles share one ring layout");
+};
+
+/* Token tiles of expert e: its routed rows cut into tiles (expert 0 half as large under
+ * stagger: tok_units_of at cursor position 0, which is expert 0 where stagger is on, the
+ * static schedule, no expert order), times the output blocks. */
+template <int KIND>
+__device__ __forceinline__ int ffn_expert_tiles(const GemmTileArgs &a, int e, bool stagger) {
+  const int seg = __ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e);
+  const int units = stagger && e == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
+  return tok_tiles(tok_rows(a, e, seg), units) * ((a.n_out + tok_out_cols<KIND>() - 1) / tok_out_cols<KIND>());
+}
+/* All token tiles of a kind, one warp (every lane gets the sum). */
+template <int KIND>
+__device__ __forceinline__ int ffn_kind_tiles(const GemmTileArgs &a, bool stagger) {
+  int t = 0;
+  for (int e = threadIdx.x & 31; e < a.num_experts; e += 32) t += ffn_expert_tiles<KIND>(a, e, stagger);
+  for (int o = 16; o > 0; o >>= 1) t += __shfl_xor_sync(0xffffffffu, t, o);
+  return t;
+}
+
+/* The producer, before a down tile of expert e: every gate+up tile of e stored (both
+ * warpgroups' arrivals), bounded like bar_wait; then its loads may read act. */
+__device__ __forceinline__ bool ffn_wait_gateup(const FfnArgs &f, int e, bool stagger, WaitCtx &w) {
+  const uint32_t need = 2u * (uint32_t)ffn_expert_tiles<kGateUpFwd>(f.gu, e, stagger);
+  bool ok = ld_acquire_gpu_u32(f.ready + e) >= need;
+  if (!ok && !w.dead) {
+    const unsigned long long start = globaltimer_u64();
+    for (uint32_t ns = 32;; ns = ns < 1024 ? 2 * ns : 1024) {
+      if ((ok = ld_acquire_gpu_u32(f.ready + e) >= need)) break;
+      if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) break;
+      if (globaltimer_u64() - start > w.timeout_ns) {
+        atomicCAS(w.err, 0ull, MOK_ERRWORD(MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_DEP, w.rank, (uint32_t)e));
+        __threadfence_system();
+        break;
+      }
+      __nanosleep(ns);
+    }
+  }
+  if (!ok) {
+    w.dead = true;
+    return false;
+  }
+  fence_proxy_async_global(); /* the TMA loads after the acquire */
+  return true;
+}
+
+/* A consumer warpgroup's leader, once before its next tile after a gate+up tile of
+ * expert e: its stores complete, then counted (see the file's comment). */
+__device__ __forceinline__ void ffn_signal_gateup(const FfnArgs &f, int e, bool leader) {
+  if (!leader) return;
+  bulk_wait_group<0>();
+  fence_proxy_async_global();
+  red_release_gpu_add_u32(f.ready + e, 1u);
+}
+
+/* Each of a CTA's three roles (producer, two consumer warpgroups), last thing: the last of
+ * the grid's to leave zeroes the ready counters and the schedule slot for the next launch
+ * that takes them (nothing reads them any more: every down tile's wait and every
+ * arrival came before its role left). */
+__device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
+  __threadfence();
+  uint32_t *ctr = f.ready + f.gu.num_experts;
+  if (atomicAdd(ctr + kCtrLeft, 1u) == 3u * gridDim.x - 1u) {
+    for (int e = 0; e < f.gu.num_experts + kFfnCounters; ++e) f.ready[e] = 0u;
+    __threadfence();
+  }
+}
+
+/* The producer's schedule state, in shared memory after the four cursors (it runs on 40
+ * registers): per phase k (0 gate+up, 1 down) its tiles T[k], of them C[k] of one-tile
+ * experts, and P[k] (> 0: the split mix order's CTAs [0, P) start on those; 0: one class);
+ * then the phase, this CTA's class in it and whether it took the other class's tickets. */
+struct FfnSched {
+  int T[2], C[2], P[2];
+  int phase, q, stole;
+  int tickets; /* phase 0 by tickets (else static) */
+  int next;    /* phase 0, static: this CTA's next tile */
+};
+static_assert(kSchedSlots * kSlotInts * 4 + 4 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
+                      (2 * FfnRing<kTokMaxUnits>::kStages + 2 + 2 * kSchedSlots) * 8 <= FfnRing<kTokMaxUnits>::kBarBytes &&
+                  kSchedSlots * kSlotInts * 4 + 4 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
+                          (2 * FfnRing<kTokRing128>::kStages + 2 + 2 * kSchedSlots) * 8 <=
+                      FfnRing<kTokRing128>::kBarBytes,
+              "the fused kernel's barrier area");
+
+/* Phase k's split (as grouped_gemm_kernel's: mix_counts, one warp), or none. */
+template <int KIND>
+__device__ __forceinline__ void ffn_phase_counts(const GemmTileArgs &a, bool tickets, bool stagger, int &T, int &C,
+                                                 int &P) {
+  T = ffn_kind_tiles<KIND>(a, stagger);
+  C = 0, P = 0;
+  if (!tickets || !a.mix || a.mix_ctas < 0) return;
+  int t = 0;
+  mix_counts<KIND, 256, 1>(a, t, C, P);
+  if (!(C > 0 && C < T)) C = 0, P = 0;
+  else if (a.mix_ctas > 0) P = a.mix_ctas < (int)gridDim.x ? a.mix_ctas : (int)gridDim.x - 1;
+}
+
+/* The producer's next tile: its index in the launch's numbering (gate+up tiles, then down
+ * tiles; in a split phase class 0's tiles, then class 1's) and its coordinates; false when
+ * both phases are done. Phase 0 under the static schedule
+ * walks blockIdx.x + i * grid; every other phase takes tickets of its class (the CTA's
+ * class; once that class is done, once the other's; then the next phase). */
+__device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur, volatile FfnSched *z, int &tnum,
+                                             bool &down, TileCoord &c) {
+  uint32_t *ctr = f.ready + f.gu.num_experts;
+  for (;;) {
+    const int k = z->phase;
+    if (k > 1) return false;
+    const int T = z->T[k], C = z->C[k];
+    int idx, cls = -1;
+    bool more;
+    if (k == 0 && !z->tickets) {
+      idx = z->next;
+      z->next = idx + (int)gridDim.x;
+      more = idx < T;
+    } else if (z->P[k] > 0) {
+      int q = z->q;
+      idx = (int)atomicAdd(ctr + kCtrTicket + 2 * k + q, 1u);
+      if (idx >= (q ? C : T - C) && !z->stole) {
+        q ^= 1;
+        z->q = q, z->stole = 1;
+        idx = (int)atomicAdd(ctr + kCtrTicket + 2 * k + q, 1u);
+      }
+      more = idx < (q ? C : T - C);
+      cls = q;
+    } else {
+      idx = (int)atomicAdd(ctr + kCtrTicket + 2 * k, 1u);
+      more = idx < T;
+    }
+    if (more) {
+      down = k == 1;
+      more = down ? gemm_decode_tile<kDownFwd, 256, 1>(f.dn, cur[2 + (cls > 0)], idx, c, cls)
+                  : gemm_decode_tile<kGateUpFwd, 256, 1>(f.gu, cur[cls > 0], idx, c, cls);
+      tnum = (down ? z->T[0] : 0) + (cls == 1 ? T - C : 0) + idx;
+      if (more) return true;
+    }
+    /* the phase is done for this CTA: the next one, in the class the split gives it */
+    z->phase = k + 1;
+    if (k == 0) z->q = z->P[1] > 0 && (int)blockIdx.x < z->P[1], z->stole = 0;
+  }
+}
+
+/* RING: the stage ring (FfnRing; gemm_ffn.cu compiles both, nothing else includes the
+ * kernel's instances). */
+template <int RING>
+__global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_constant__ FfnArgs f) {
+  using TC = FfnRing<RING>;
+  const GemmTileArgs &gu = f.gu, &dn = f.dn;
+  extern __shared__ char smem_raw[];
+  char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
+  uint64_t *sfull = full + 2 * TC::kStages + 2;
+  uint64_t *sempty = sfull + kSchedSlots;
+  /* slot s: [tile index (-1: no more), expert, m0, m_end, n0, kind (1: down), k_blocks, nt, z_end] */
+  volatile int *slot = reinterpret_cast<volatile int *>(sempty + kSchedSlots);
+  if (threadIdx.x == 0) gemm_barriers_init<TC::kStages, 2>(full);
+  /* tickets where either kind's rule hands tiles out at run time; every warp decides */
+  const bool tickets = gu.sched_mode == 2 || (gu.sched_mode == 0 && (use_tickets<kGateUpFwd, 1>(gu) ||
+                                                                     use_tickets<kDownFwd, 1>(dn)));
+  const bool order_on = tickets && gu.expert_order && gu.expert_count && gu.num_experts > 1 &&
+                        gu.num_experts <= kOrderMaxExperts;
+  tok_order_experts<TC::kOrderOffset>(gu, smem, order_on);
+
+  const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+  PipeState p = {0, 0u}, sp = {0, 0u};
+  TileCoord c;
+  WaitCtx w = wait_ctx(gu);
+  if (wg == 0) {
+    setmaxnreg_dec<kProducerRegs>();
+    if (threadIdx.x >= 32) return;
+    const bool stagger = gu.stagger && !tickets;
+    GemmCursor *cur = reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
+    volatile FfnSched *z = reinterpret_cast<volatile FfnSched *>(cur + 4);
+    {
+      int T0, C0, P0, T1, C1, P1; /* (one warp: mix_counts and the tile counts are warp-wide) */
+      ffn_phase_counts<kGateUpFwd>(gu, tickets, stagger, T0, C0, P0);
+      ffn_phase_counts<kDownFwd>(dn, true, false, T1, C1, P1);
+      if (threadIdx.x == 0) {
+        z->T[0] = T0, z->C[0] = C0, z->P[0] = P0, z->T[1] = T1, z->C[1] = C1, z->P[1] = P1;
+        z->phase = 0, z->q = P0 > 0 && (int)blockIdx.x < P0, z->stole = 0;
+        z->tickets = tickets, z->next = (int)blockIdx.x;
+      }
+    }
+    if (threadIdx.x == 0) {
+      tma_prefetch_descriptor(&gu.tm_aux);
+      tma_prefetch_descriptor(&gu.tm_tok);
+      tma_prefetch_descriptor(&dn.tm_b0);
+      tma_prefetch_descriptor(&dn.tm_tok);
+      const uint16_t *order = order_on ? reinterpret_cast<uint16_t *>(smem + TC::kOrderOffset) : nullptr;
+      for (int i = 0; i < 4; ++i) gemm_cursor_init(i < 2 ? gu : dn, cur[i], order);
+      cur[0].stagger = cur[1].stagger = stagger; /* (gate+up under the static schedule only) */
+      cur[2].stagger = cur[3].stagger = 0;
+      for (;;) {
+        int t = -1;
+        bool down = false;
+        const bool more = ffn_next_tile(f, cur, z, t, down, c);
+        w.tile = (uint32_t)sp.stage;
+        if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
+        volatile int *o = slot + kSlotInts * sp.stage;
+        o[0] = more ? t : -1;
+        o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = down, o[6] = c.k_blocks, o[7] = c.nt;
+        o[8] = c.z_end;
+        mbarrier_arrive(&sfull[sp.stage]);
+        pipe_advance<kSchedSlots>(sp);
+        if (!more) break;
+        w.tile = (uint32_t)t;
+        if (t == gu.stall_tile) break; /* tests: a load that never comes */
+        const bool cold = !down && z->P[0] > 0 && (z->q & 1) && gu.cold_evict; /* (z->q: this tile's class) */
+        const bool ok = down ? ffn_wait_gateup(f, c.expert, stagger, w) &&
+                                   tok_tile_produce<kDownFwd, false, RING, false>(dn, c, smem, p, w, false)
+                             : tok_tile_produce<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, cold);
+        if (!ok) break;
+      }
+      ffn_leave(f);
+    }
+  } else {
+    setmaxnreg_inc<kConsumerRegs>();
+    const bool leader = (threadIdx.x & 127) == 0;
+    int ebuf = 0, pend = -1; /* pend: the expert of this warpgroup's last gate+up tile, not yet counted */
+    for (;;) {
+      int t, down;
+      if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, down)) break;
+      c.k0 = 0;
+      if (pend >= 0) ffn_signal_gateup(f, pend, leader);
+      pend = -1;
+      if (__shfl_sync(0xffffffffu, t, 0) < 0) break;
+      w.tile = (uint32_t)t;
+      if (down) {
+        tok_tile_consume<kDownFwd, false, RING, false>(dn, c, smem, p, w, wg - 1, ebuf);
+      } else {
+        tok_tile_consume<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, wg - 1, ebuf);
+        pend = c.expert;
+      }
+    }
+    if (pend >= 0) ffn_signal_gateup(f, pend, leader); /* (a stopped launch: counted anyway) */
+    gemm_consumer_finish();
+    if (leader) ffn_leave(f);
+  }
+}
+
+} /* namespace mok_sm90 */
+
+#endif /* MOK_GEMM_FFN_FWD_CUH */

@@ -1,0 +1,49 @@
+/*
+ * gemm_ffn.cu — the fused forward launch (gemm/ffn_fwd.cuh), compiled apart from gemm.cu
+ * (which builds its arguments: mok_gemm_ffn_fwd) so that the two kernels' files build in
+ * parallel.
+ */
+#include "gemm.h"
+
+#include <cuda_runtime.h>
+
+#include "gemm/ffn_fwd.cuh" /* defines: mok_sm90::ffn_fwd_kernel, FfnArgs */
+#include "internal.h"       /* defines: mok_error, CUDA_CHECK */
+
+using namespace mok_sm90;
+
+/* The ready counters (and ticket counters) of the fused launches: a ring of slots, one per launch in turn, zero
+ * between launches (the launch's last role zeroes its slot), as the scheduler's slots
+ * (gemm.cu): a launch fills every SM, so two running launches never share one. */
+constexpr int kFfnRing = 16;
+__device__ uint32_t g_ffn_ready[kFfnRing][MOK_GEMM_MAX_EXPERTS + kFfnCounters];
+static unsigned g_ffn_next; /* __atomic_* */
+
+mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
+                                cudaStream_t stream) {
+  int dev = 0, sms = 0, major = 0, optin = 0;
+  CUDA_CHECK(NULL, cudaGetDevice(&dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9)
+    return mok_error(NULL, mokNotSupported, "fused expert forward: needs a Hopper GPU (sm_90a), device %d is sm_%d",
+                     dev, major * 10);
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  const int smem = ring128 ? FfnRing<kTokRing128>::kSmemBytes : FfnRing<kTokMaxUnits>::kSmemBytes;
+  if (smem > optin)
+    return mok_error(NULL, mokNotSupported,
+                     "fused expert forward: needs %d bytes of shared memory per block, device has %d", smem, optin);
+  void (*kernel)(FfnArgs) = ring128 ? ffn_fwd_kernel<kTokRing128> : ffn_fwd_kernel<kTokMaxUnits>;
+  CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FfnArgs f;
+  f.gu = gu;
+  f.dn = dn;
+  void *ready = nullptr;
+  CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_ffn_ready));
+  f.ready = static_cast<uint32_t *>(ready) + (size_t)(MOK_GEMM_MAX_EXPERTS + kFfnCounters) *
+                                               (__atomic_fetch_add(&g_ffn_next, 1u, __ATOMIC_RELAXED) % kFfnRing);
+  const int64_t grid = max_tiles < 1 ? 1 : max_tiles < sms ? max_tiles : sms;
+  kernel<<<(unsigned)grid, kThreads, (size_t)smem, stream>>>(f);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
