@@ -767,7 +767,7 @@ extern "C" mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, 
  * the 128-row ring glm R512 -1.4%, deepseek-v4-pro R256 level (two runs: 0 / +0.2%).
  * 1: fused wherever it can run; 2: the two launches. */
 static int g_ffn = 0;
-/* gemm_ffn.cu: the fused launch of these two launches' arguments (finished, one sched slot) */
+/* gemm_ffn.cu: the fused launch of these two launches' arguments (finished, error word set) */
 mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
                                 cudaStream_t stream);
 static int ffn_rule(const mokGemmRows_t *rows) {
@@ -804,7 +804,7 @@ extern "C" mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, i
     MOK_CHECK(gateup_fwd_launch(ga, tg, rows, inter, stream));
     return down_fwd_launch(da, td, pairs, rows, hidden, stream);
   }
-  MOK_CHECK(take_sched_slot(ga, rows));
+  MOK_CHECK(take_sched_slot(ga, rows)); /* (for the error word: the fused kernel counts tickets apart) */
   da.sched = ga.sched;
   da.error_word = ga.error_word;
   const int ring128 = tok_ring_rule(rows); /* both kinds on the down launch's ring */

@@ -44,7 +44,8 @@ namespace mok_sm90 {
 
 struct FfnArgs {
   GemmTileArgs gu; /* gate+up token tiles (gemm.cu builds both as for their own launches) */
-  GemmTileArgs dn; /* down token tiles; its sched, error word and knobs are gu's */
+  GemmTileArgs dn; /* down token tiles; the error word, wait budget and schedule knobs
+                      read are gu's (the same values); neither sched is used */
   uint32_t *ready; /* [num_experts] gate+up warpgroup tiles stored, then kFfnCounters
                       counters (FfnCtr); all zero before the launch, zeroed again by the
                       last of the CTAs' 3 roles to leave */
@@ -118,9 +119,9 @@ __device__ __forceinline__ void ffn_signal_gateup(const FfnArgs &f, int e, bool 
 }
 
 /* Each of a CTA's three roles (producer, two consumer warpgroups), last thing: the last of
- * the grid's to leave zeroes the ready counters and the schedule slot for the next launch
- * that takes them (nothing reads them any more: every down tile's wait and every
- * arrival came before its role left). */
+ * the grid's to leave zeroes the ready and ticket counters for the next launch that takes
+ * them (nothing reads them any more: every down tile's wait, every arrival and every
+ * ticket came before its role left). */
 __device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
   __threadfence();
   uint32_t *ctr = f.ready + f.gu.num_experts;
@@ -162,9 +163,9 @@ __device__ __forceinline__ void ffn_phase_counts(const GemmTileArgs &a, bool tic
 
 /* The producer's next tile: its index in the launch's numbering (gate+up tiles, then down
  * tiles; in a split phase class 0's tiles, then class 1's) and its coordinates; false when
- * both phases are done. Phase 0 under the static schedule
- * walks blockIdx.x + i * grid; every other phase takes tickets of its class (the CTA's
- * class; once that class is done, once the other's; then the next phase). */
+ * both phases are done. Phase 0 under the static schedule walks blockIdx.x + i * grid;
+ * every other phase takes tickets of its class (the CTA's class; once that class is done,
+ * once the other's; then the next phase). */
 __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur, volatile FfnSched *z, int &tnum,
                                              bool &down, TileCoord &c) {
   uint32_t *ctr = f.ready + f.gu.num_experts;
