@@ -114,5 +114,7 @@ int main(int argc, char **argv) {
     printf("%d passed, %d failed, %d skipped\n", passed, failed, skipped);
   else
     printf("%d passed, %d failed\n", passed, failed);
+  if (failed) /* the seed again at the end, where a truncated log still shows it */
+    printf("to repeat: MOK_TEST_SEED=%llu\n", (unsigned long long)g_seed);
   return failed ? 1 : 0;
 }
