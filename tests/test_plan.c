@@ -1,14 +1,19 @@
 /*
- * test_plan.c — a CPU model of the forward megakernel's task graph (src/plan.h,
- * docs/MEGAKERNEL.md), run under random interleavings of communication and compute
- * workers. It checks what the GPU kernel will rely on, for any routing and tunables:
+ * test_plan.c — the token tiles (src/plan.h, the cut the GEMM kernels run) and a CPU model
+ * of the forward megakernel's task graph over them (docs/MEGAKERNEL.md), run under random
+ * interleavings of communication and compute workers. It checks what the GPU kernel will
+ * rely on, for any routing and tunables:
+ *   - the tiles: each expert's routed rows covered once, in tiles of whole 16-row units,
+ *     at most 176 rows, even within an expert, no tile past its segment;
  *   - no deadlock: with as little as one communication and one compute worker, and
  *     workers that hold a task while they wait (as a spinning CTA holds its SM);
  *   - ring safety: every GATEUP / DOWN / COMBINE reads ring rows holding exactly the rows
- *     it expects (never a stale or overwritten row), although the ring is smaller than the
- *     rows (ring reuse across macrobatches);
+ *     it expects (never a stale or overwritten row, padding rows as padding), although the
+ *     ring is smaller than the rows (ring reuse across macrobatches);
  *   - every routed row is combined exactly once, padding rows never;
- *   - the ring ends holding macrobatch 0's rows (the saved forward context).
+ *   - the ring ends holding macrobatch 0's rows (the saved forward context);
+ *   - and the model notices: with the dispatch's ring wait weakened by one, some runs
+ *     read overwritten rows.
  * Data are tags (row ids), not numbers: the arithmetic is the GEMM tiles' job.
  */
 #include <stdlib.h>
@@ -21,107 +26,104 @@
 enum { OP_DISPATCH, OP_COMBINE, OP_GATEUP, OP_DOWN };
 
 typedef struct {
-  int op, mb;
-  int32_t row0, rows; /* chunk (dispatch/combine) or tile (gateup/down) */
-  int32_t wait_target;
+  int op, tile, mb;
+  int32_t wait_target; /* GATEUP / DOWN / COMBINE: tiles of mb (DISPATCH: per unit, mok_plan_ring_fills) */
 } task_t;
 
 typedef struct {
   int E, ntiles, nmb, nmac;
-  const int32_t *off;
+  const int32_t *off, *count;
   int32_t ring_rows;
-  int32_t *tile_row0, *tile_rows, *mb_row0, *mb_rows, *mac_row0, *mac_rows;
-  int *mb_first_tile, *mac_first_mb, *mb_mac, *mb_chunks;
+  int32_t *tile_row0, *tile_rows, *tile_routed, *tile_ring, *mb_rows, *mac_rows;
+  int *tile_mb, *mb_first_tile, *mac_first_mb, *mb_mac;
   task_t *comm, *comp;
   int ncomm, ncomp;
 } model_t;
 
-static int32_t ring_of(const model_t *m, int mb, int32_t row) { return row - m->mac_row0[m->mb_mac[mb]]; }
-
 /* Builds the plan and both task lists; returns 0 if the tunables cannot hold a macrobatch. */
-static int model_build(model_t *m, const int32_t *off, int E, int32_t mb_rows, int32_t ring_rows) {
+static int model_build(model_t *m, const int32_t *off, const int32_t *count, int E, int32_t mb_rows,
+                       int32_t ring_rows) {
   memset(m, 0, sizeof *m);
-  m->E = E, m->off = off, m->ring_rows = ring_rows;
-  m->ntiles = mok_plan_num_tiles(off, E);
-  int nt = m->ntiles;
+  m->E = E, m->off = off, m->count = count, m->ring_rows = ring_rows;
+  const int nt = m->ntiles = mok_plan_num_tiles(off, count, E, MOK_PLAN_TILE_MAX_UNITS);
   m->tile_row0 = malloc(sizeof(int32_t) * (nt + 1)), m->tile_rows = malloc(sizeof(int32_t) * (nt + 1));
+  m->tile_routed = malloc(sizeof(int32_t) * (nt + 1)), m->tile_ring = malloc(sizeof(int32_t) * (nt + 1));
+  m->tile_mb = malloc(sizeof(int) * (nt + 1));
   for (int i = 0; i < nt; i++) {
     int e;
-    mok_plan_tile(off, E, i, &e, &m->tile_row0[i], &m->tile_rows[i]);
+    mok_plan_tile(off, count, E, MOK_PLAN_TILE_MAX_UNITS, i, &e, &m->tile_row0[i], &m->tile_rows[i],
+                  &m->tile_routed[i]);
   }
   m->mb_first_tile = malloc(sizeof(int) * (nt + 2));
   m->nmb = mok_plan_group(m->tile_rows, nt, mb_rows, m->mb_first_tile);
-  m->mb_row0 = malloc(sizeof(int32_t) * (m->nmb + 1)), m->mb_rows = malloc(sizeof(int32_t) * (m->nmb + 1));
-  m->mb_chunks = malloc(sizeof(int) * (m->nmb + 1)), m->mb_mac = malloc(sizeof(int) * (m->nmb + 1));
+  m->mb_rows = malloc(sizeof(int32_t) * (m->nmb + 1)), m->mb_mac = malloc(sizeof(int) * (m->nmb + 1));
   for (int b = 0; b < m->nmb; b++) {
-    m->mb_row0[b] = m->tile_row0[m->mb_first_tile[b]];
     m->mb_rows[b] = 0;
-    for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++) m->mb_rows[b] += m->tile_rows[i];
-    m->mb_chunks[b] = m->mb_rows[b] / MOK_PLAN_CHUNK_ROWS;
+    for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++) m->mb_rows[b] += m->tile_rows[i], m->tile_mb[i] = b;
   }
   m->mac_first_mb = malloc(sizeof(int) * (m->nmb + 2));
   m->nmac = mok_plan_group(m->mb_rows, m->nmb, ring_rows, m->mac_first_mb);
-  m->mac_row0 = malloc(sizeof(int32_t) * (m->nmac + 1)), m->mac_rows = malloc(sizeof(int32_t) * (m->nmac + 1));
+  m->mac_rows = malloc(sizeof(int32_t) * (m->nmac + 1));
   for (int a = 0; a < m->nmac; a++) {
-    m->mac_row0[a] = m->mb_row0[m->mac_first_mb[a]];
     m->mac_rows[a] = 0;
-    for (int b = m->mac_first_mb[a]; b < m->mac_first_mb[a + 1]; b++) m->mac_rows[a] += m->mb_rows[b], m->mb_mac[b] = a;
+    for (int b = m->mac_first_mb[a]; b < m->mac_first_mb[a + 1]; b++) {
+      m->mb_mac[b] = a;
+      for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
+        m->tile_ring[i] = m->mac_rows[a], m->mac_rows[a] += m->tile_rows[i]; /* back to back */
+    }
     if (m->mac_rows[a] > ring_rows) return 0;
   }
-  int total_chunks = off[E] / MOK_PLAN_CHUNK_ROWS;
-  m->comm = malloc(sizeof(task_t) * (2 * total_chunks + 1));
+  m->comm = malloc(sizeof(task_t) * (2 * nt + 1));
   m->comp = malloc(sizeof(task_t) * (2 * nt + 1));
-  /* fills of each ring chunk so far, to give every dispatch its wait target */
-  int32_t *fills = calloc((size_t)ring_rows / MOK_PLAN_CHUNK_ROWS + 1, sizeof(int32_t));
-#define CHUNK_TASK(op_, a_, i_)                                                                 \
-  do {                                                                                          \
-    int32_t row_ = m->mac_row0[a_] + (i_) * MOK_PLAN_CHUNK_ROWS;                                 \
-    int mb_ = m->mac_first_mb[a_];                                                              \
-    while (m->mb_row0[mb_] + m->mb_rows[mb_] <= row_) mb_++;                                    \
-    task_t t_ = {op_, mb_, row_, MOK_PLAN_CHUNK_ROWS, 0};                                        \
-    int32_t rc_ = ring_of(m, mb_, row_) / MOK_PLAN_CHUNK_ROWS;                                   \
-    if (op_ == OP_DISPATCH) t_.wait_target = fills[rc_]++;                                       \
-    else t_.wait_target = m->mb_first_tile[mb_ + 1] - m->mb_first_tile[mb_];                     \
-    m->comm[m->ncomm++] = t_;                                                                   \
-  } while (0)
+#define MB_TILES(b) (m->mb_first_tile[(b) + 1] - m->mb_first_tile[(b)])
+#define MAC_TILES(a) (m->mb_first_tile[m->mac_first_mb[(a) + 1]] - m->mb_first_tile[m->mac_first_mb[(a)]])
+#define MAC_TILE(a, i) (m->mb_first_tile[m->mac_first_mb[(a)]] + (i))
+#define COMM_TASK(op_, tile_) \
+  (m->comm[m->ncomm++] = (task_t){op_, tile_, m->tile_mb[tile_], MB_TILES(m->tile_mb[tile_])})
   /* processing order: the last macrobatch first */
   for (int a = m->nmac - 1; a >= 0; a--) {
-    int nd = m->mac_rows[a] / MOK_PLAN_CHUNK_ROWS;
-    int prev = a + 1 < m->nmac ? a + 1 : -1;
-    int nc = prev >= 0 ? m->mac_rows[prev] / MOK_PLAN_CHUNK_ROWS : 0;
-    for (int i = 0; i < nd || i < nc; i++) {
-      if (i < nc) CHUNK_TASK(OP_COMBINE, prev, i);
-      if (i < nd) CHUNK_TASK(OP_DISPATCH, a, i);
+    /* each dispatch after every combine of the previous macrobatch that starts below the
+     * dispatch's end in the ring (mok_plan_comm_before) */
+    const int nd = MAC_TILES(a), prev = a + 1 < m->nmac ? a + 1 : -1, nc = prev >= 0 ? MAC_TILES(prev) : 0;
+    int j = 0;
+    for (int i = 0; i < nd; i++) {
+      const int32_t end = m->tile_ring[MAC_TILE(a, i)] + m->tile_rows[MAC_TILE(a, i)];
+      for (; j < nc && mok_plan_comm_before(m->tile_ring[MAC_TILE(prev, j)], end); j++)
+        COMM_TASK(OP_COMBINE, MAC_TILE(prev, j));
+      COMM_TASK(OP_DISPATCH, MAC_TILE(a, i));
     }
+    for (; j < nc; j++) COMM_TASK(OP_COMBINE, MAC_TILE(prev, j));
     for (int b = m->mac_first_mb[a]; b < m->mac_first_mb[a + 1]; b++) {
-      int tiles = m->mb_first_tile[b + 1] - m->mb_first_tile[b];
       for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
-        m->comp[m->ncomp++] = (task_t){OP_GATEUP, b, m->tile_row0[i], m->tile_rows[i], m->mb_chunks[b]};
+        m->comp[m->ncomp++] = (task_t){OP_GATEUP, i, b, MB_TILES(b)};
       for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
-        m->comp[m->ncomp++] = (task_t){OP_DOWN, b, m->tile_row0[i], m->tile_rows[i], tiles};
+        m->comp[m->ncomp++] = (task_t){OP_DOWN, i, b, MB_TILES(b)};
     }
   }
   if (m->nmac) /* macrobatch 0's combines close the pass */
-    for (int i = 0; i < m->mac_rows[0] / MOK_PLAN_CHUNK_ROWS; i++) CHUNK_TASK(OP_COMBINE, 0, i);
-#undef CHUNK_TASK
-  free(fills);
+    for (int i = 0; i < MAC_TILES(0); i++) COMM_TASK(OP_COMBINE, MAC_TILE(0, i));
+#undef COMM_TASK
+#undef MAC_TILE
+#undef MAC_TILES
+#undef MB_TILES
   return 1;
 }
 
 static void model_free(model_t *m) {
-  free(m->tile_row0); free(m->tile_rows); free(m->mb_first_tile); free(m->mb_row0); free(m->mb_rows);
-  free(m->mb_chunks); free(m->mb_mac); free(m->mac_first_mb); free(m->mac_row0); free(m->mac_rows);
+  free(m->tile_row0); free(m->tile_rows); free(m->tile_routed); free(m->tile_ring); free(m->tile_mb);
+  free(m->mb_first_tile); free(m->mb_rows); free(m->mb_mac); free(m->mac_first_mb); free(m->mac_rows);
   free(m->comm); free(m->comp);
 }
 
 /* Runs the task lists with `nc` communication and `ns` compute workers under a random
- * interleaving. Returns NULL or a message (static buffer). */
-static const char *model_run(const model_t *m, const int32_t *count, int nc, int ns, rng_t *r) {
+ * interleaving; weaken != 0 lowers every dispatch's ring wait by one (the test that the
+ * model notices). Returns NULL or a message (static buffer). */
+static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
   static char msg[256];
-  const int W = nc + ns;
-  int32_t nring = m->ring_rows / MOK_PLAN_CHUNK_ROWS + 1;
+  const int W = nc + ns, U = m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
   int32_t *x_ready = calloc((size_t)m->nmb + 1, 4), *h_ready = calloc((size_t)m->nmb + 1, 4);
-  int32_t *y_ready = calloc((size_t)m->nmb + 1, 4), *ring_free = calloc((size_t)nring, 4);
+  int32_t *y_ready = calloc((size_t)m->nmb + 1, 4), *ring_free = calloc((size_t)U, 4);
+  /* ring tags: +(row + 1) a routed row, -(row + 1) a padding row, 0 never written */
   int32_t *xt = calloc((size_t)m->ring_rows + 1, 4), *ht = calloc((size_t)m->ring_rows + 1, 4);
   int32_t *yt = calloc((size_t)m->ring_rows + 1, 4);
   int32_t rows = m->off[m->E];
@@ -133,7 +135,7 @@ static const char *model_run(const model_t *m, const int32_t *count, int nc, int
   while (!err && done < total) {
     int n = 0;
     for (int w = 0; w < W; w++) {
-      int is_comm = w < nc;
+      const int is_comm = w < nc;
       if (cur[w] < 0) {
         if (is_comm ? next_comm < m->ncomm : next_comp < m->ncomp) cand[n++] = w;
         continue;
@@ -141,7 +143,14 @@ static const char *model_run(const model_t *m, const int32_t *count, int nc, int
       const task_t *t = is_comm ? &m->comm[cur[w]] : &m->comp[cur[w]];
       int ready = 0;
       switch (t->op) {
-        case OP_DISPATCH: ready = ring_free[ring_of(m, t->mb, t->row0) / MOK_PLAN_CHUNK_ROWS] >= t->wait_target; break;
+        case OP_DISPATCH: {
+          const int a = m->mb_mac[t->mb];
+          const int32_t u0 = m->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS;
+          ready = 1;
+          for (int32_t u = u0; u < u0 + m->tile_rows[t->tile] / MOK_PLAN_UNIT_ROWS; u++)
+            ready &= ring_free[u] >= mok_plan_ring_fills(m->mac_rows, m->nmac, a, u) - weaken;
+          break;
+        }
         case OP_GATEUP: ready = x_ready[t->mb] >= t->wait_target; break;
         case OP_DOWN: ready = h_ready[t->mb] >= t->wait_target; break;
         case OP_COMBINE: ready = y_ready[t->mb] >= t->wait_target; break;
@@ -153,26 +162,28 @@ static const char *model_run(const model_t *m, const int32_t *count, int nc, int
       err = msg;
       break;
     }
-    int w = cand[rng_int(r, n)];
+    const int w = cand[rng_int(r, n)];
     if (cur[w] < 0) { /* grab the next task of this worker's list, in order */
       cur[w] = w < nc ? next_comm++ : next_comp++;
       continue;
     }
     const task_t *t = w < nc ? &m->comm[cur[w]] : &m->comp[cur[w]];
-    for (int32_t q = t->row0; q < t->row0 + t->rows && !err; q++) {
-      int32_t rr = ring_of(m, t->mb, q);
+    const int32_t row0 = m->tile_row0[t->tile], nt = m->tile_rows[t->tile], routed = m->tile_routed[t->tile];
+    for (int32_t j = 0; j < nt && !err; j++) {
+      const int32_t q = row0 + j, rr = m->tile_ring[t->tile] + j, tag = j < routed ? q + 1 : -(q + 1);
       switch (t->op) {
-        case OP_DISPATCH: xt[rr] = q + 1; break;
+        case OP_DISPATCH: xt[rr] = tag; break;
         case OP_GATEUP:
-          if (xt[rr] != q + 1) err = "gate/up read a ring row that does not hold its row";
-          ht[rr] = q + 1;
+          if (xt[rr] != tag) err = "gate/up read a ring row that does not hold its row";
+          ht[rr] = tag;
           break;
         case OP_DOWN:
-          if (ht[rr] != q + 1) err = "down read an activation ring row that does not hold its row";
-          yt[rr] = q + 1;
+          if (ht[rr] != tag) err = "down read an activation ring row that does not hold its row";
+          yt[rr] = tag;
           break;
         case OP_COMBINE:
-          if (yt[rr] != q + 1) err = "combine read an output ring row that does not hold its row";
+          if (j >= routed) break; /* padding: nothing to push */
+          if (yt[rr] != tag) err = "combine read an output ring row that does not hold its row";
           combined[q]++;
           break;
       }
@@ -182,84 +193,147 @@ static const char *model_run(const model_t *m, const int32_t *count, int nc, int
       case OP_GATEUP: h_ready[t->mb]++; break;
       case OP_DOWN: y_ready[t->mb]++; break;
       case OP_COMBINE:
-        ring_free[ring_of(m, t->mb, t->row0) / MOK_PLAN_CHUNK_ROWS]++;
+        for (int32_t u = m->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS; u < (m->tile_ring[t->tile] + nt) / MOK_PLAN_UNIT_ROWS;
+             u++)
+          ring_free[u]++;
         break;
     }
     cur[w] = -1;
     done++;
   }
-  /* every routed row combined once; padding rows are combined as rows of their tile but
-   * carry no route: the kernel skips them, the count here must still be exactly one */
+  /* every routed row combined once, every other row never */
   for (int e = 0; !err && e < m->E; e++)
-    for (int32_t q = m->off[e]; q < m->off[e + 1]; q++)
-      if (combined[q] != 1) {
-        snprintf(msg, sizeof msg, "row %d (expert %d, %s) combined %d times", q, e,
-                 q - m->off[e] < count[e] ? "routed" : "padding", combined[q]);
+    for (int32_t q = m->off[e]; q < m->off[e + 1]; q++) {
+      const int want = q - m->off[e] < m->count[e];
+      if (combined[q] != want) {
+        snprintf(msg, sizeof msg, "row %d (expert %d, %s) combined %d times", q, e, want ? "routed" : "padding",
+                 combined[q]);
         err = msg;
         break;
       }
+    }
   /* macrobatch 0 is processed last: the ring ends holding its x, activations and outputs
    * (the saved forward context) */
-  for (int32_t q = m->nmac ? m->mac_row0[0] : 0; !err && m->nmac && q < m->mac_row0[0] + m->mac_rows[0]; q++) {
-    int32_t rr = q - m->mac_row0[0];
-    if (xt[rr] != q + 1 || ht[rr] != q + 1 || yt[rr] != q + 1) err = "the ring does not end holding macrobatch 0";
-  }
+  for (int i = 0; !err && m->nmac && i < m->mb_first_tile[m->mac_first_mb[1]]; i++)
+    for (int32_t j = 0; j < m->tile_rows[i]; j++) {
+      const int32_t rr = m->tile_ring[i] + j, q = m->tile_row0[i] + j, tag = j < m->tile_routed[i] ? q + 1 : -(q + 1);
+      if (xt[rr] != tag || ht[rr] != tag || yt[rr] != tag) err = "the ring does not end holding macrobatch 0";
+    }
   free(x_ready); free(h_ready); free(y_ready); free(ring_free); free(xt); free(ht); free(yt);
   free(combined); free(cur); free(cand);
   return err;
 }
 
+/* Random counts (0: random; 1: one hot expert; 2: many empty; 3: exact multiples of 176;
+ * 4: small), segments padded to 64. */
+static int make_counts(rng_t *r, int32_t *count, int32_t *off) {
+  const int E = 1 + rng_int(r, 12), mode = rng_int(r, 5);
+  off[0] = 0;
+  for (int e = 0; e < E; e++) {
+    count[e] = mode == 1   ? (e == E / 2 ? 1 + rng_int(r, 3000) : 0)
+               : mode == 2 ? (rng_int(r, 3) ? 0 : 1 + rng_int(r, 400))
+               : mode == 3 ? 176 * rng_int(r, 4)
+               : mode == 4 ? rng_int(r, 40)
+                           : rng_int(r, 700);
+    off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
+  }
+  return E;
+}
+
 MOK_TEST(plan_model_random_routings_and_tunables) {
   rng_t r = {test_seed() ^ 0x91a};
-  int cases = 0, reused = 0;
+  int reused = 0;
   for (int iter = 0; iter < 300; iter++) {
-    int E = 1 + rng_int(&r, 12);
     int32_t count[16], off[17];
-    int mode = rng_int(&r, 4);
-    off[0] = 0;
-    for (int e = 0; e < E; e++) {
-      /* 0: random; 1: one hot expert; 2: many empty; 3: exact multiples of 128 */
-      count[e] = mode == 1 ? (e == E / 2 ? 1 + rng_int(&r, 3000) : 0)
-                 : mode == 2 ? (rng_int(&r, 3) ? 0 : 1 + rng_int(&r, 400))
-                 : mode == 3 ? 128 * rng_int(&r, 4)
-                             : rng_int(&r, 700);
-      off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
-    }
-    static const int32_t mbs[] = {128, 256, 384, 512};
-    int32_t mb_rows = mbs[rng_int(&r, 4)];
-    int32_t ring_choice[] = {mb_rows, 2 * mb_rows, 1024, 1 << 20};
-    int32_t ring_rows = ring_choice[rng_int(&r, 4)];
+    const int E = make_counts(&r, count, off);
+    static const int32_t mbs[] = {176, 256, 384, 512};
+    const int32_t mb_rows = mbs[rng_int(&r, 4)];
+    const int32_t ring_choice[] = {mb_rows, 2 * mb_rows, 1024, 1 << 20};
+    const int32_t ring_rows = ring_choice[rng_int(&r, 4)];
     model_t m;
-    CHECK_MSG(model_build(&m, off, E, mb_rows, ring_rows), "iter %d: a macrobatch exceeds the ring", iter);
+    CHECK_MSG(model_build(&m, off, count, E, mb_rows, ring_rows), "iter %d: a macrobatch exceeds the ring", iter);
     if (m.nmac > 1) reused++;
     static const int ncs[] = {1, 2, 8}, nss[] = {1, 3, 16};
     for (int rep = 0; rep < 3; rep++) {
-      int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
-      const char *err = model_run(&m, count, nc, ns, &r);
-      CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d macrobatches, %d comm / %d compute): %s", iter, E,
-                off[E], mb_rows, ring_rows, m.nmac, nc, ns, err);
-      cases++;
+      const int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
+      const char *err = model_run(&m, nc, ns, 0, &r);
+      CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d tiles, %d macrobatches, %d comm / %d compute): %s",
+                iter, E, off[E], mb_rows, ring_rows, m.ntiles, m.nmac, nc, ns, err);
     }
     model_free(&m);
   }
   CHECK_MSG(reused > 50, "only %d of 300 plans reused the ring: the test lost its point", reused);
-  (void)cases;
 }
 
-MOK_TEST(plan_tiles_and_groups) {
-  /* segments 0, 64, 128, 192, 320 rows: tiles 0 + 1 + 1 + 2 + 3 */
-  int32_t off[6] = {0, 0, 64, 192, 384, 704};
-  CHECK(mok_plan_num_tiles(off, 5) == 7);
-  int e;
-  int32_t row0, rows;
-  mok_plan_tile(off, 5, 0, &e, &row0, &rows);
-  CHECK(e == 1 && row0 == 0 && rows == 64);
-  mok_plan_tile(off, 5, 3, &e, &row0, &rows);
-  CHECK(e == 3 && row0 == 320 && rows == 64);
-  mok_plan_tile(off, 5, 6, &e, &row0, &rows);
-  CHECK(e == 4 && row0 == 640 && rows == 64);
-  mok_plan_tile(off, 5, 7, &e, &row0, &rows);
-  CHECK(e == -1 && rows == 0);
+MOK_TEST(plan_model_notices_a_weakened_ring_wait) {
+  /* many tiles through a ring of two minibatches, many workers: with every dispatch's ring
+   * wait one short, a dispatch overwrites rows not yet combined in some run */
+  rng_t r = {test_seed() ^ 0x5eed};
+  int32_t count[8] = {700, 333, 512, 48, 0, 1000, 176, 90}, off[9] = {0};
+  for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
+  model_t m;
+  CHECK(model_build(&m, off, count, 8, 256, 512));
+  CHECK(m.nmac > 4);
+  int caught = 0;
+  for (int rep = 0; rep < 200 && !caught; rep++) caught = model_run(&m, 8, 16, 1, &r) != NULL;
+  CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
+  CHECK(model_run(&m, 8, 16, 0, &r) == NULL);
+  model_free(&m);
+}
+
+MOK_TEST(plan_token_tiles_cover_routed_rows) {
+  /* the examples the GEMM's comments give: 341 routed rows -> 176 + 176, 320 -> 160 + 160,
+   * 512 -> 4 x 128, 192 -> 96 + 96, 16 -> 16; and no counts: every segment row */
+  static const struct { int seg, count, tiles, first, last; } ex[] = {
+      {384, 341, 2, 176, 176}, {320, 320, 2, 160, 160}, {512, 512, 4, 128, 128}, {192, 192, 2, 96, 96},
+      {64, 16, 1, 16, 16},     {64, 1, 1, 16, 16},      {64, 0, 1, 16, 16},      {0, 0, 0, 0, 0},
+      {192, -1, 2, 96, 96},    {64, 64, 1, 64, 64},     {1088, 1024, 6, 176, 160}};
+  for (int i = 0; i < (int)(sizeof ex / sizeof ex[0]); i++) {
+    const int rows = mok_plan_tok_rows(ex[i].seg, ex[i].count), n = mok_plan_tok_split(rows / 16, 11);
+    CHECK_MSG(n == ex[i].tiles && n == mok_plan_expert_tiles(ex[i].seg, ex[i].count, 11), "case %d: %d tiles", i, n);
+    if (!n) continue;
+    int o0, n0, o1, n1;
+    mok_plan_tok_tile(rows, 11, 0, &o0, &n0);
+    mok_plan_tok_tile(rows, 11, n - 1, &o1, &n1);
+    CHECK_MSG(o0 == 0 && n0 == ex[i].first && n1 == ex[i].last && o1 + n1 == rows, "case %d: %d+%d .. %d+%d", i, o0,
+              n0, o1, n1);
+  }
+  /* every routing of the model: tiles in expert and row order, back to back from the
+   * segment's start, whole units, <= 176 rows, within 16 rows of each other in an expert,
+   * routed rows counted right, none past the segment */
+  rng_t r = {test_seed() ^ 0x7a1e};
+  for (int iter = 0; iter < 500; iter++) {
+    int32_t count[16], off[17];
+    const int E = make_counts(&r, count, off);
+    const int nt = mok_plan_num_tiles(off, count, E, 11);
+    int i = 0;
+    for (int e = 0; e < E; e++) {
+      int32_t next = off[e], routed = 0, lo = 1 << 30, hi = 0;
+      for (; i < nt; i++) {
+        int ex_e;
+        int32_t row0, rows, rt;
+        mok_plan_tile(off, count, E, 11, i, &ex_e, &row0, &rows, &rt);
+        if (ex_e != e) break;
+        CHECK_MSG(row0 == next && rows > 0 && rows % 16 == 0 && rows <= 176 && row0 + rows <= off[e + 1],
+                  "iter %d expert %d tile %d: rows %d at %d (segment %d..%d)", iter, e, i, rows, row0, off[e],
+                  off[e + 1]);
+        CHECK(rt == (count[e] - (row0 - off[e]) < 0 ? 0 : count[e] - (row0 - off[e]) > rows ? rows : count[e] - (row0 - off[e])));
+        next = row0 + rows, routed += rt;
+        lo = rows < lo ? rows : lo, hi = rows > hi ? rows : hi;
+      }
+      CHECK_MSG(routed == count[e], "iter %d expert %d: %d of %d routed rows in tiles", iter, e, routed, count[e]);
+      CHECK_MSG(off[e + 1] == off[e] || (hi - lo <= 16 && next - off[e] == mok_plan_tok_rows(off[e + 1] - off[e], count[e])),
+                "iter %d expert %d: tiles %d..%d rows", iter, e, lo, hi);
+    }
+    CHECK_MSG(i == nt, "iter %d: %d of %d tiles walked", iter, i, nt);
+    int ex_e;
+    int32_t a, b, c;
+    mok_plan_tile(off, count, E, 11, nt, &ex_e, &a, &b, &c);
+    CHECK(ex_e == -1 && b == 0);
+  }
+}
+
+MOK_TEST(plan_groups_and_ring_fills) {
   int32_t sizes[5] = {128, 64, 128, 128, 64};
   int first[6];
   CHECK(mok_plan_group(sizes, 5, 256, first) == 3);
@@ -267,4 +341,13 @@ MOK_TEST(plan_tiles_and_groups) {
   CHECK(mok_plan_group(sizes, 0, 256, first) == 0 && first[0] == 0);
   int32_t big[2] = {512, 64};
   CHECK(mok_plan_group(big, 2, 128, first) == 2); /* an item larger than cap forms a group alone */
+  /* macrobatches of 512, 176, 352 rows, processed 2, 1, 0: unit 0 filled by 2 and 1 before
+   * 0; unit 11 (rows 176..191) by 2 only; unit 22 (352..) by none (macrobatch 2 ends there) */
+  int32_t mac[3] = {512, 176, 352};
+  CHECK(mok_plan_ring_fills(mac, 3, 0, 0) == 2);
+  CHECK(mok_plan_ring_fills(mac, 3, 0, 10) == 2);
+  CHECK(mok_plan_ring_fills(mac, 3, 0, 11) == 1);
+  CHECK(mok_plan_ring_fills(mac, 3, 0, 22) == 0);
+  CHECK(mok_plan_ring_fills(mac, 3, 1, 0) == 1);
+  CHECK(mok_plan_ring_fills(mac, 3, 2, 0) == 0);
 }

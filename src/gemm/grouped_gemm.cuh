@@ -59,6 +59,7 @@
 #include <stdint.h>
 
 #include "comm.h"                   /* defines: MOK_ERRWORD, MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_* */
+#include "plan.h"                   /* defines: mok_plan_tok_split, mok_plan_tok_tile, mok_plan_tok_rows */
 #include "gemm/sm90_primitives.cuh" /* defines: mbarrier_*, tma_*, bulk_*, stmatrix_x4, wgmma_* */
 
 namespace mok_sm90 {
@@ -355,32 +356,26 @@ struct TokKnobs {
   template <int KIND>
   static __device__ __forceinline__ int row_box128(const GemmTileArgs &a) { return DIAG ? a.row_box128 : KIND == kGateUpFwd; }
 };
-/* Tiles for u units: the fewest of <= max_units units, or one more where that makes them
- * equal (512 rows: 4 x 128, not 176 + 176 + 160): tiles of unequal cost drift apart
- * under a static schedule and stop sharing their weight block in L2 (measured: kimi
- * R341 as 128 + 128 + 96 rows ran 12% slower than as 3 x 128). */
-__host__ __device__ __forceinline__ int tok_split(int u, int max_units) {
-  const int n = (u + max_units - 1) / max_units;
-  return n > 0 && u % n != 0 && u % (n + 1) == 0 ? n + 1 : n;
-}
+/* The cut itself is plan.h's (mok_plan_tok_split / _tok_tile / _tok_rows: one definition
+ * for the GEMM kernels, the megakernel's plan and its CPU model): the fewest tiles of
+ * <= max_units units, or one more where that makes them equal (512 rows: 4 x 128, not
+ * 176 + 176 + 160; measured: kimi R341 as 128 + 128 + 96 rows ran 12% slower than as
+ * 3 x 128, tiles of unequal cost drifting apart under a static schedule). */
+static_assert(kTokUnit == MOK_PLAN_UNIT_ROWS && kTokMaxUnits == MOK_PLAN_TILE_MAX_UNITS, "plan.h's token tiles");
+__host__ __device__ __forceinline__ int tok_split(int u, int max_units) { return mok_plan_tok_split(u, max_units); }
 __host__ __device__ __forceinline__ int tok_tiles(int rows, int max_units) {
   return tok_split(rows / kTokUnit, max_units);
 }
 /* tile i of rows: first row off (from the segment start), nt rows */
 __host__ __device__ __forceinline__ void tok_tile(int rows, int max_units, int i, int &off, int &nt) {
-  const int u = rows / kTokUnit, n = tok_split(u, max_units), q = u / n, r = u - q * n;
-  off = kTokUnit * (i * q + (i < r ? i : r));
-  nt = kTokUnit * (q + (i < r ? 1 : 0));
+  mok_plan_tok_tile(rows, max_units, i, &off, &nt);
 }
 /* Rows of a segment of seg rows that its token tiles compute: all of them, or with
- * expert_count the routed rows rounded up to 32 (at least one unit of a non-empty
+ * expert_count the routed rows rounded up to 16 (at least one unit of a non-empty
  * segment); the last tile writes zeros on the rest (z_end). */
 __host__ __device__ __forceinline__ int tok_rows(const GemmTileArgs &a, int e, int seg) {
   if (!a.expert_count || seg <= 0) return seg;
-  int n = sched_ld(a.expert_count + e);
-  n = n < 1 ? 1 : n > seg ? seg : n;
-  n = (n + kTokUnit - 1) / kTokUnit * kTokUnit;
-  return n < seg ? n : seg;
+  return mok_plan_tok_rows_routed(seg, sched_ld(a.expert_count + e));
 }
 /* Most units of the cursor's expert's token tiles. Stagger: expert 0's tiles are cut half
  * as large, so the CTAs that run them in the first wave finish early and from then on run
