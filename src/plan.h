@@ -152,4 +152,99 @@ MOK_PHD int32_t mok_plan_ring_fills(const int32_t *mac_rows, int nmac, int a, in
   return fills;
 }
 
+/* ---- the whole plan of a pass, built by one thread (host or device) ----------------------- */
+
+/* The plan in caller-provided arrays (host or device memory), each of max_tiles entries
+ * but mb_first_tile / mac_first_mb (max_tiles + 1) and comm / comp (2 * max_tiles). */
+typedef struct mokPlan {
+  int32_t num_tiles, num_mb, num_mac;
+  int32_t *tile_expert, *tile_row0, *tile_rows, *tile_routed; /* mok_plan_tile's, in tile order */
+  int32_t *tile_mb;       /* the tile's minibatch */
+  int32_t *tile_ring;     /* the tile's first ring row (rows of its macrobatch's tiles before it) */
+  int32_t *mb_first_tile; /* [num_mb + 1]: minibatch b's tiles [mb_first_tile[b], mb_first_tile[b+1]) */
+  int32_t *mac_first_mb;  /* [num_mac + 1]: macrobatch a's minibatches, likewise */
+  int32_t *mac_rows;      /* [num_mac]: ring rows macrobatch a fills */
+  int32_t *comm;          /* [2 num_tiles] the comm order: t >= 0 DISPATCH(t), -1 - t COMBINE(t) */
+  int32_t *comp;          /* [2 num_tiles] the compute order: t >= 0 GATEUP(t), -1 - t DOWN(t) */
+} mokPlan_t;
+
+/* Tiles a pass can have in segments of `rows` rows in all (each tile has >= 16 rows of its
+ * segment; an empty segment has none). */
+MOK_PHD int32_t mok_plan_max_tiles(int32_t rows) { return rows / MOK_PLAN_UNIT_ROWS; }
+
+/* Words of one buffer that holds all of a plan's arrays for max_tiles tiles, and the
+ * arrays' places in it (mok_plan_place: the layout a kernel and its host share). */
+MOK_PHD int64_t mok_plan_words(int32_t max_tiles) { return 13 * ((int64_t)max_tiles + 1); }
+MOK_PHD void mok_plan_place(mokPlan_t *p, int32_t *buf, int32_t max_tiles) {
+  const int64_t n = (int64_t)max_tiles + 1;
+  p->num_tiles = p->num_mb = p->num_mac = 0;
+  p->tile_expert = buf, p->tile_row0 = buf + n, p->tile_rows = buf + 2 * n, p->tile_routed = buf + 3 * n;
+  p->tile_mb = buf + 4 * n, p->tile_ring = buf + 5 * n, p->mb_first_tile = buf + 6 * n;
+  p->mac_first_mb = buf + 7 * n, p->mac_rows = buf + 8 * n, p->comm = buf + 9 * n, p->comp = buf + 11 * n;
+}
+
+/* Builds the plan of the E segments (offset, count as mok_plan_tile) with minibatches of at
+ * most mb_rows rows and a ring of ring_rows rows. Returns 0, or -1 where the tunables cannot
+ * hold a tile (mb_rows below a tile's most rows, ring_rows below mb_rows, either not a
+ * multiple of 16) or the tiles exceed max_tiles; nothing is guaranteed written then. O(E +
+ * tiles); deterministic: the same inputs give the same plan on the host and the device. */
+MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_experts, int max_units,
+                           int32_t mb_rows, int32_t ring_rows, int32_t max_tiles, mokPlan_t *p) {
+  if (max_units < 1 || mb_rows < max_units * MOK_PLAN_UNIT_ROWS || ring_rows < mb_rows ||
+      mb_rows % MOK_PLAN_UNIT_ROWS || ring_rows % MOK_PLAN_UNIT_ROWS)
+    return -1;
+  /* tiles, and minibatches as they come (mok_plan_group's rule) */
+  int32_t nt = 0, nmb = 0, used = 0;
+  for (int e = 0; e < num_experts; e++) {
+    const int seg = offset[e + 1] - offset[e], c = count ? count[e] : -1, rows = mok_plan_tok_rows(seg, c);
+    const int n = mok_plan_tok_split(rows / MOK_PLAN_UNIT_ROWS, max_units);
+    for (int i = 0; i < n; i++, nt++) {
+      if (nt >= max_tiles) return -1;
+      int off, r;
+      mok_plan_tok_tile(rows, max_units, i, &off, &r);
+      const int live = (c < 0 ? seg : c) - off;
+      p->tile_expert[nt] = e, p->tile_row0[nt] = offset[e] + off, p->tile_rows[nt] = r;
+      p->tile_routed[nt] = live < 0 ? 0 : live < r ? live : r;
+      if (nt == 0 || used + r > mb_rows) p->mb_first_tile[nmb++] = nt, used = 0;
+      used += r;
+      p->tile_mb[nt] = nmb - 1;
+    }
+  }
+  p->mb_first_tile[nmb] = nt;
+  /* macrobatches over the minibatches (the same rule), tiles back to back in the ring */
+  int32_t nmac = 0;
+  used = 0;
+  for (int b = 0; b < nmb; b++) {
+    int32_t rows = 0;
+    for (int t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) rows += p->tile_rows[t];
+    if (b == 0 || used + rows > ring_rows) {
+      if (nmac) p->mac_rows[nmac - 1] = used;
+      p->mac_first_mb[nmac++] = b, used = 0;
+    }
+    for (int t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) p->tile_ring[t] = used, used += p->tile_rows[t];
+  }
+  if (nmac) p->mac_rows[nmac - 1] = used;
+  p->mac_first_mb[nmac] = nmb;
+  p->num_tiles = nt, p->num_mb = nmb, p->num_mac = nmac;
+  /* the orders: the last macrobatch first; comm as the file's comment says */
+  int32_t nc = 0, ns = 0;
+  for (int a = nmac - 1; a >= 0; a--) {
+    const int32_t t0 = p->mb_first_tile[p->mac_first_mb[a]], t1 = p->mb_first_tile[p->mac_first_mb[a + 1]];
+    const int32_t c0 = a + 1 < nmac ? t1 : 0, c1 = a + 1 < nmac ? p->mb_first_tile[p->mac_first_mb[a + 2]] : 0;
+    int32_t j = c0;
+    for (int32_t t = t0; t < t1; t++) {
+      for (; j < c1 && mok_plan_comm_before(p->tile_ring[j], p->tile_ring[t] + p->tile_rows[t]); j++) p->comm[nc++] = -1 - j;
+      p->comm[nc++] = t;
+    }
+    for (; j < c1; j++) p->comm[nc++] = -1 - j;
+    for (int b = p->mac_first_mb[a]; b < p->mac_first_mb[a + 1]; b++) {
+      for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) p->comp[ns++] = t;
+      for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) p->comp[ns++] = -1 - t;
+    }
+  }
+  if (nmac) /* macrobatch 0's combines close the pass */
+    for (int32_t t = 0; t < p->mb_first_tile[p->mac_first_mb[1]]; t++) p->comm[nc++] = -1 - t;
+  return 0;
+}
+
 #endif /* MOK_PLAN_H */

@@ -31,88 +31,50 @@ typedef struct {
 } task_t;
 
 typedef struct {
-  int E, ntiles, nmb, nmac;
+  int E;
   const int32_t *off, *count;
   int32_t ring_rows;
-  int32_t *tile_row0, *tile_rows, *tile_routed, *tile_ring, *mb_rows, *mac_rows;
-  int *tile_mb, *mb_first_tile, *mac_first_mb, *mb_mac;
+  mokPlan_t p;
+  int32_t *buf; /* the plan's arrays */
+  int *mb_mac;
   task_t *comm, *comp;
   int ncomm, ncomp;
 } model_t;
 
-/* Builds the plan and both task lists; returns 0 if the tunables cannot hold a macrobatch. */
+/* Allocates a plan's arrays for max_tiles tiles in one buffer. */
+static int32_t *plan_alloc(mokPlan_t *p, int32_t max_tiles) {
+  int32_t *b = malloc(sizeof(int32_t) * (size_t)mok_plan_words(max_tiles));
+  if (b) mok_plan_place(p, b, max_tiles);
+  return b;
+}
+
+/* Builds the plan (mok_plan_build) and both task lists; returns 0 if the build refused. */
 static int model_build(model_t *m, const int32_t *off, const int32_t *count, int E, int32_t mb_rows,
                        int32_t ring_rows) {
   memset(m, 0, sizeof *m);
   m->E = E, m->off = off, m->count = count, m->ring_rows = ring_rows;
-  const int nt = m->ntiles = mok_plan_num_tiles(off, count, E, MOK_PLAN_TILE_MAX_UNITS);
-  m->tile_row0 = malloc(sizeof(int32_t) * (nt + 1)), m->tile_rows = malloc(sizeof(int32_t) * (nt + 1));
-  m->tile_routed = malloc(sizeof(int32_t) * (nt + 1)), m->tile_ring = malloc(sizeof(int32_t) * (nt + 1));
-  m->tile_mb = malloc(sizeof(int) * (nt + 1));
-  for (int i = 0; i < nt; i++) {
-    int e;
-    mok_plan_tile(off, count, E, MOK_PLAN_TILE_MAX_UNITS, i, &e, &m->tile_row0[i], &m->tile_rows[i],
-                  &m->tile_routed[i]);
+  const int32_t max_tiles = mok_plan_max_tiles(off[E]);
+  m->buf = plan_alloc(&m->p, max_tiles);
+  if (mok_plan_build(off, count, E, MOK_PLAN_TILE_MAX_UNITS, mb_rows, ring_rows, max_tiles, &m->p) != 0) return 0;
+  const mokPlan_t *p = &m->p;
+  const int nt = p->num_tiles;
+  m->mb_mac = malloc(sizeof(int) * ((size_t)p->num_mb + 1));
+  for (int a = 0; a < p->num_mac; a++)
+    for (int b = p->mac_first_mb[a]; b < p->mac_first_mb[a + 1]; b++) m->mb_mac[b] = a;
+  m->comm = malloc(sizeof(task_t) * (2 * (size_t)nt + 1));
+  m->comp = malloc(sizeof(task_t) * (2 * (size_t)nt + 1));
+  for (int i = 0; i < 2 * nt; i++) {
+    const int c = p->comm[i], t = c >= 0 ? c : -1 - c, mb = p->tile_mb[t];
+    const int32_t tiles = p->mb_first_tile[mb + 1] - p->mb_first_tile[mb];
+    m->comm[m->ncomm++] = (task_t){c >= 0 ? OP_DISPATCH : OP_COMBINE, t, mb, tiles};
+    const int d = p->comp[i], u = d >= 0 ? d : -1 - d, mu = p->tile_mb[u];
+    m->comp[m->ncomp++] = (task_t){d >= 0 ? OP_GATEUP : OP_DOWN, u, mu, p->mb_first_tile[mu + 1] - p->mb_first_tile[mu]};
   }
-  m->mb_first_tile = malloc(sizeof(int) * (nt + 2));
-  m->nmb = mok_plan_group(m->tile_rows, nt, mb_rows, m->mb_first_tile);
-  m->mb_rows = malloc(sizeof(int32_t) * (m->nmb + 1)), m->mb_mac = malloc(sizeof(int) * (m->nmb + 1));
-  for (int b = 0; b < m->nmb; b++) {
-    m->mb_rows[b] = 0;
-    for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++) m->mb_rows[b] += m->tile_rows[i], m->tile_mb[i] = b;
-  }
-  m->mac_first_mb = malloc(sizeof(int) * (m->nmb + 2));
-  m->nmac = mok_plan_group(m->mb_rows, m->nmb, ring_rows, m->mac_first_mb);
-  m->mac_rows = malloc(sizeof(int32_t) * (m->nmac + 1));
-  for (int a = 0; a < m->nmac; a++) {
-    m->mac_rows[a] = 0;
-    for (int b = m->mac_first_mb[a]; b < m->mac_first_mb[a + 1]; b++) {
-      m->mb_mac[b] = a;
-      for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
-        m->tile_ring[i] = m->mac_rows[a], m->mac_rows[a] += m->tile_rows[i]; /* back to back */
-    }
-    if (m->mac_rows[a] > ring_rows) return 0;
-  }
-  m->comm = malloc(sizeof(task_t) * (2 * nt + 1));
-  m->comp = malloc(sizeof(task_t) * (2 * nt + 1));
-#define MB_TILES(b) (m->mb_first_tile[(b) + 1] - m->mb_first_tile[(b)])
-#define MAC_TILES(a) (m->mb_first_tile[m->mac_first_mb[(a) + 1]] - m->mb_first_tile[m->mac_first_mb[(a)]])
-#define MAC_TILE(a, i) (m->mb_first_tile[m->mac_first_mb[(a)]] + (i))
-#define COMM_TASK(op_, tile_) \
-  (m->comm[m->ncomm++] = (task_t){op_, tile_, m->tile_mb[tile_], MB_TILES(m->tile_mb[tile_])})
-  /* processing order: the last macrobatch first */
-  for (int a = m->nmac - 1; a >= 0; a--) {
-    /* each dispatch after every combine of the previous macrobatch that starts below the
-     * dispatch's end in the ring (mok_plan_comm_before) */
-    const int nd = MAC_TILES(a), prev = a + 1 < m->nmac ? a + 1 : -1, nc = prev >= 0 ? MAC_TILES(prev) : 0;
-    int j = 0;
-    for (int i = 0; i < nd; i++) {
-      const int32_t end = m->tile_ring[MAC_TILE(a, i)] + m->tile_rows[MAC_TILE(a, i)];
-      for (; j < nc && mok_plan_comm_before(m->tile_ring[MAC_TILE(prev, j)], end); j++)
-        COMM_TASK(OP_COMBINE, MAC_TILE(prev, j));
-      COMM_TASK(OP_DISPATCH, MAC_TILE(a, i));
-    }
-    for (; j < nc; j++) COMM_TASK(OP_COMBINE, MAC_TILE(prev, j));
-    for (int b = m->mac_first_mb[a]; b < m->mac_first_mb[a + 1]; b++) {
-      for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
-        m->comp[m->ncomp++] = (task_t){OP_GATEUP, i, b, MB_TILES(b)};
-      for (int i = m->mb_first_tile[b]; i < m->mb_first_tile[b + 1]; i++)
-        m->comp[m->ncomp++] = (task_t){OP_DOWN, i, b, MB_TILES(b)};
-    }
-  }
-  if (m->nmac) /* macrobatch 0's combines close the pass */
-    for (int i = 0; i < MAC_TILES(0); i++) COMM_TASK(OP_COMBINE, MAC_TILE(0, i));
-#undef COMM_TASK
-#undef MAC_TILE
-#undef MAC_TILES
-#undef MB_TILES
   return 1;
 }
 
 static void model_free(model_t *m) {
-  free(m->tile_row0); free(m->tile_rows); free(m->tile_routed); free(m->tile_ring); free(m->tile_mb);
-  free(m->mb_first_tile); free(m->mb_rows); free(m->mb_mac); free(m->mac_first_mb); free(m->mac_rows);
-  free(m->comm); free(m->comp);
+  free(m->buf); free(m->mb_mac); free(m->comm); free(m->comp);
 }
 
 /* Runs the task lists with `nc` communication and `ns` compute workers under a random
@@ -120,9 +82,10 @@ static void model_free(model_t *m) {
  * model notices). Returns NULL or a message (static buffer). */
 static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
   static char msg[256];
+  const mokPlan_t *p = &m->p;
   const int W = nc + ns, U = m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
-  int32_t *x_ready = calloc((size_t)m->nmb + 1, 4), *h_ready = calloc((size_t)m->nmb + 1, 4);
-  int32_t *y_ready = calloc((size_t)m->nmb + 1, 4), *ring_free = calloc((size_t)U, 4);
+  int32_t *x_ready = calloc((size_t)p->num_mb + 1, 4), *h_ready = calloc((size_t)p->num_mb + 1, 4);
+  int32_t *y_ready = calloc((size_t)p->num_mb + 1, 4), *ring_free = calloc((size_t)U, 4);
   /* ring tags: +(row + 1) a routed row, -(row + 1) a padding row, 0 never written */
   int32_t *xt = calloc((size_t)m->ring_rows + 1, 4), *ht = calloc((size_t)m->ring_rows + 1, 4);
   int32_t *yt = calloc((size_t)m->ring_rows + 1, 4);
@@ -145,10 +108,10 @@ static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t
       switch (t->op) {
         case OP_DISPATCH: {
           const int a = m->mb_mac[t->mb];
-          const int32_t u0 = m->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS;
+          const int32_t u0 = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS;
           ready = 1;
-          for (int32_t u = u0; u < u0 + m->tile_rows[t->tile] / MOK_PLAN_UNIT_ROWS; u++)
-            ready &= ring_free[u] >= mok_plan_ring_fills(m->mac_rows, m->nmac, a, u) - weaken;
+          for (int32_t u = u0; u < u0 + p->tile_rows[t->tile] / MOK_PLAN_UNIT_ROWS; u++)
+            ready &= ring_free[u] >= mok_plan_ring_fills(p->mac_rows, p->num_mac, a, u) - weaken;
           break;
         }
         case OP_GATEUP: ready = x_ready[t->mb] >= t->wait_target; break;
@@ -168,9 +131,9 @@ static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t
       continue;
     }
     const task_t *t = w < nc ? &m->comm[cur[w]] : &m->comp[cur[w]];
-    const int32_t row0 = m->tile_row0[t->tile], nt = m->tile_rows[t->tile], routed = m->tile_routed[t->tile];
+    const int32_t row0 = p->tile_row0[t->tile], nt = p->tile_rows[t->tile], routed = p->tile_routed[t->tile];
     for (int32_t j = 0; j < nt && !err; j++) {
-      const int32_t q = row0 + j, rr = m->tile_ring[t->tile] + j, tag = j < routed ? q + 1 : -(q + 1);
+      const int32_t q = row0 + j, rr = p->tile_ring[t->tile] + j, tag = j < routed ? q + 1 : -(q + 1);
       switch (t->op) {
         case OP_DISPATCH: xt[rr] = tag; break;
         case OP_GATEUP:
@@ -193,7 +156,7 @@ static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t
       case OP_GATEUP: h_ready[t->mb]++; break;
       case OP_DOWN: y_ready[t->mb]++; break;
       case OP_COMBINE:
-        for (int32_t u = m->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS; u < (m->tile_ring[t->tile] + nt) / MOK_PLAN_UNIT_ROWS;
+        for (int32_t u = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t->tile] + nt) / MOK_PLAN_UNIT_ROWS;
              u++)
           ring_free[u]++;
         break;
@@ -214,9 +177,9 @@ static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t
     }
   /* macrobatch 0 is processed last: the ring ends holding its x, activations and outputs
    * (the saved forward context) */
-  for (int i = 0; !err && m->nmac && i < m->mb_first_tile[m->mac_first_mb[1]]; i++)
-    for (int32_t j = 0; j < m->tile_rows[i]; j++) {
-      const int32_t rr = m->tile_ring[i] + j, q = m->tile_row0[i] + j, tag = j < m->tile_routed[i] ? q + 1 : -(q + 1);
+  for (int i = 0; !err && p->num_mac && i < p->mb_first_tile[p->mac_first_mb[1]]; i++)
+    for (int32_t j = 0; j < p->tile_rows[i]; j++) {
+      const int32_t rr = p->tile_ring[i] + j, q = p->tile_row0[i] + j, tag = j < p->tile_routed[i] ? q + 1 : -(q + 1);
       if (xt[rr] != tag || ht[rr] != tag || yt[rr] != tag) err = "the ring does not end holding macrobatch 0";
     }
   free(x_ready); free(h_ready); free(y_ready); free(ring_free); free(xt); free(ht); free(yt);
@@ -252,13 +215,22 @@ MOK_TEST(plan_model_random_routings_and_tunables) {
     const int32_t ring_rows = ring_choice[rng_int(&r, 4)];
     model_t m;
     CHECK_MSG(model_build(&m, off, count, E, mb_rows, ring_rows), "iter %d: a macrobatch exceeds the ring", iter);
-    if (m.nmac > 1) reused++;
+    if (m.p.num_mac > 1) reused++;
+    CHECK(m.p.num_tiles == mok_plan_num_tiles(off, count, E, MOK_PLAN_TILE_MAX_UNITS));
+    for (int i = 0; i < m.p.num_tiles; i++) { /* the build's tiles are mok_plan_tile's */
+      int e;
+      int32_t row0, rows, routed;
+      mok_plan_tile(off, count, E, MOK_PLAN_TILE_MAX_UNITS, i, &e, &row0, &rows, &routed);
+      CHECK_MSG(e == m.p.tile_expert[i] && row0 == m.p.tile_row0[i] && rows == m.p.tile_rows[i] &&
+                    routed == m.p.tile_routed[i],
+                "iter %d tile %d", iter, i);
+    }
     static const int ncs[] = {1, 2, 8}, nss[] = {1, 3, 16};
     for (int rep = 0; rep < 3; rep++) {
       const int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
       const char *err = model_run(&m, nc, ns, 0, &r);
       CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d tiles, %d macrobatches, %d comm / %d compute): %s",
-                iter, E, off[E], mb_rows, ring_rows, m.ntiles, m.nmac, nc, ns, err);
+                iter, E, off[E], mb_rows, ring_rows, m.p.num_tiles, m.p.num_mac, nc, ns, err);
     }
     model_free(&m);
   }
@@ -273,7 +245,7 @@ MOK_TEST(plan_model_notices_a_weakened_ring_wait) {
   for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
   model_t m;
   CHECK(model_build(&m, off, count, 8, 256, 512));
-  CHECK(m.nmac > 4);
+  CHECK(m.p.num_mac > 4);
   int caught = 0;
   for (int rep = 0; rep < 200 && !caught; rep++) caught = model_run(&m, 8, 16, 1, &r) != NULL;
   CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
@@ -350,4 +322,28 @@ MOK_TEST(plan_groups_and_ring_fills) {
   CHECK(mok_plan_ring_fills(mac, 3, 0, 22) == 0);
   CHECK(mok_plan_ring_fills(mac, 3, 1, 0) == 1);
   CHECK(mok_plan_ring_fills(mac, 3, 2, 0) == 0);
+}
+
+MOK_TEST(plan_build_refuses_bad_tunables) {
+  int32_t count[3] = {300, 0, 41}, off[4] = {0, 320, 320, 384};
+  mokPlan_t p;
+  int32_t *buf = plan_alloc(&p, 64);
+  CHECK(buf != NULL);
+  CHECK(mok_plan_build(off, count, 3, 11, 160, 1024, 64, &p) == -1);  /* mb below a 176-row tile */
+  CHECK(mok_plan_build(off, count, 3, 11, 512, 256, 64, &p) == -1);   /* ring below a minibatch */
+  CHECK(mok_plan_build(off, count, 3, 11, 200, 1024, 64, &p) == -1);  /* not whole units */
+  CHECK(mok_plan_build(off, count, 3, 0, 512, 1024, 64, &p) == -1);   /* no units */
+  CHECK(mok_plan_build(off, count, 3, 11, 512, 1024, 2, &p) == -1);   /* 3 tiles, room for 2 */
+  CHECK(mok_plan_build(off, count, 3, 11, 176, 176, 3, &p) == 0);     /* exactly enough */
+  /* 300 rows -> 160 + 144 (304 rows computed, 300 routed), 41 -> 48: three minibatches of one
+   * tile (176-row cap), each its own macrobatch (176-row ring); comm: D2, C2 D1, C1 D0, C0 */
+  CHECK(p.num_tiles == 3 && p.num_mb == 3 && p.num_mac == 3);
+  CHECK(p.tile_rows[0] == 160 && p.tile_routed[0] == 160 && p.tile_rows[1] == 144 && p.tile_routed[1] == 140);
+  CHECK(p.tile_expert[2] == 2 && p.tile_row0[2] == 320 && p.tile_rows[2] == 48 && p.tile_routed[2] == 41);
+  CHECK(p.tile_ring[0] == 0 && p.tile_ring[1] == 0 && p.mac_rows[1] == 144);
+  static const int32_t comm[6] = {2, -3, 1, -2, 0, -1}, comp[6] = {2, -3, 1, -2, 0, -1};
+  CHECK(memcmp(p.comm, comm, sizeof comm) == 0 && memcmp(p.comp, comp, sizeof comp) == 0);
+  int32_t zero[2] = {0, 0};
+  CHECK(mok_plan_build(zero, NULL, 1, 11, 176, 176, 0, &p) == 0 && p.num_tiles == 0 && p.num_mac == 0);
+  free(buf);
 }
