@@ -247,4 +247,66 @@ MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_
   return 0;
 }
 
+/* ---- the backward's orders over the same plan (docs/MEGAKERNEL.md, "Backward task plan") --
+ * Macrobatches in ascending order (0 first: its context is still in the ring). A task is
+ * MOK_PLAN_TASK(op, index): tile tasks index a tile, weight-gradient tasks a * E + e.
+ *   comm:    per macrobatch a: [a != 0: BX(t)] BDY(t) for its tiles, then BPUSH(t) for them;
+ *            BX / BDY of a != 0 wait ring_done[a - 1] == mok_plan_bwd_ring_done(a - 1)
+ *   compute: per macrobatch a: per minibatch: [a != 0: RECOMPUTE(t)], DDOWN(t), DGU(t) for
+ *            its tiles; then per expert e with tiles in a: WDOWN(a, e), WGU(a, e).
+ * Waits: RECOMPUTE x_ready[mb] (BX of mb's tiles); DDOWN dy_ready[mb] and, a != 0,
+ * gu_ready[mb]; DGU dgu_ready[mb]; BPUSH dx_ready[mb]; WDOWN dy_ready (and gu_ready) of
+ * every minibatch holding e's tiles in a, WGU their dgu_ready; both w_chain[kind][e] == e's
+ * macrobatches before a (fixed-order fp32 accumulation). ring_done[a] counts a's BPUSH and
+ * weight-gradient tasks. (Under this per-macrobatch ring wait the chain wait is implied:
+ * WDOWN(a, e) needs a's dy rows, pulled after ring_done[a - 1] counted WDOWN(a - 1, e); the
+ * CPU model passes without it. It stays as the accumulator's own guard, for a finer ring
+ * wait.) */
+enum { MOK_PLAN_BX = 0, MOK_PLAN_BDY, MOK_PLAN_BPUSH, MOK_PLAN_RECOMPUTE, MOK_PLAN_DDOWN, MOK_PLAN_DGU,
+       MOK_PLAN_WDOWN, MOK_PLAN_WGU };
+#define MOK_PLAN_TASK(op, index) ((int32_t)(((uint32_t)(op) << 28) | (uint32_t)(index)))
+#define MOK_PLAN_TASK_OP(task) ((int)((uint32_t)(task) >> 28))
+#define MOK_PLAN_TASK_INDEX(task) ((int32_t)((uint32_t)(task) & 0x0fffffffu))
+
+/* Experts with tiles in macrobatch a (its tiles are in expert order). */
+MOK_PHD int32_t mok_plan_mac_experts(const mokPlan_t *p, int a) {
+  const int32_t t0 = p->mb_first_tile[p->mac_first_mb[a]], t1 = p->mb_first_tile[p->mac_first_mb[a + 1]];
+  int32_t n = 0;
+  for (int32_t t = t0; t < t1; t++) n += t == t0 || p->tile_expert[t] != p->tile_expert[t - 1];
+  return n;
+}
+/* What ring_done[a] counts once macrobatch a is done with its ring rows. */
+MOK_PHD int32_t mok_plan_bwd_ring_done(const mokPlan_t *p, int a) {
+  return p->mb_first_tile[p->mac_first_mb[a + 1]] - p->mb_first_tile[p->mac_first_mb[a]] +
+         2 * mok_plan_mac_experts(p, a);
+}
+/* Writes the backward's comm and compute orders (each at most 3 tiles + 2 E nmac tasks)
+ * and returns their lengths; -1 where a weight-gradient index would not fit 28 bits. */
+MOK_PHD int mok_plan_bwd_orders(const mokPlan_t *p, int num_experts, int32_t *comm, int32_t *ncomm, int32_t *comp,
+                                int32_t *ncomp) {
+  if ((int64_t)p->num_mac * num_experts >= (1 << 28) || p->num_tiles >= (1 << 28)) return -1;
+  int32_t nc = 0, ns = 0;
+  for (int a = 0; a < p->num_mac; a++) {
+    const int32_t t0 = p->mb_first_tile[p->mac_first_mb[a]], t1 = p->mb_first_tile[p->mac_first_mb[a + 1]];
+    for (int32_t t = t0; t < t1; t++) {
+      if (a) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BX, t);
+      comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BDY, t);
+    }
+    for (int32_t t = t0; t < t1; t++) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BPUSH, t);
+    for (int b = p->mac_first_mb[a]; b < p->mac_first_mb[a + 1]; b++) {
+      if (a)
+        for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_RECOMPUTE, t);
+      for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_DDOWN, t);
+      for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_DGU, t);
+    }
+    for (int32_t t = t0; t < t1; t++)
+      if (t == t0 || p->tile_expert[t] != p->tile_expert[t - 1]) {
+        comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_WDOWN, a * num_experts + p->tile_expert[t]);
+        comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_WGU, a * num_experts + p->tile_expert[t]);
+      }
+  }
+  *ncomm = nc, *ncomp = ns;
+  return 0;
+}
+
 #endif /* MOK_PLAN_H */

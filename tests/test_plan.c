@@ -347,3 +347,200 @@ MOK_TEST(plan_build_refuses_bad_tunables) {
   CHECK(mok_plan_build(zero, NULL, 1, 11, 176, 176, 0, &p) == 0 && p.num_tiles == 0 && p.num_mac == 0);
   free(buf);
 }
+
+/* ---- the backward's orders (mok_plan_bwd_orders) under the same kind of model ---------- */
+
+/* Tiles [*t0, *t1) of expert e in macrobatch a. */
+static void mac_expert_tiles(const mokPlan_t *p, int a, int e, int32_t *t0, int32_t *t1) {
+  int32_t t = p->mb_first_tile[p->mac_first_mb[a]], end = p->mb_first_tile[p->mac_first_mb[a + 1]];
+  while (t < end && p->tile_expert[t] != e) t++;
+  *t0 = t;
+  while (t < end && p->tile_expert[t] == e) t++;
+  *t1 = t;
+}
+
+/* Runs the backward's orders of m's plan with nc comm and ns compute workers; weaken != 0
+ * lowers the ring_done wait by one. Returns NULL or a message. */
+static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
+  static char msg[256];
+  const mokPlan_t *p = &m->p;
+  const int E = m->E, nt = p->num_tiles, W = nc + ns;
+  const size_t cap = 3 * (size_t)nt + 2 * (size_t)E * (size_t)p->num_mac + 1;
+  int32_t *comm = malloc(4 * cap), *comp = malloc(4 * cap), ncomm = 0, ncomp = 0;
+  if (mok_plan_bwd_orders(p, E, comm, &ncomm, comp, &ncomp) != 0) return "mok_plan_bwd_orders refused";
+  const size_t nmb = (size_t)p->num_mb + 1, R = (size_t)m->ring_rows + 1, rows = (size_t)m->off[E] + 1;
+  int32_t *ctr = calloc(5 * nmb, 4); /* x_ready, dy_ready, gu_ready, dgu_ready, dx_ready */
+  int32_t *x_ready = ctr, *dy_ready = ctr + nmb, *gu_ready = ctr + 2 * nmb, *dgu_ready = ctr + 3 * nmb,
+          *dx_ready = ctr + 4 * nmb;
+  int32_t *ring_done = calloc((size_t)p->num_mac + 1, 4), *chain = calloc(2 * (size_t)E, 4);
+  int32_t *tags = calloc(5 * R, 4), *xt = tags, *gt = tags + R, *dyt = tags + 2 * R, *dgt = tags + 3 * R,
+          *dxt = tags + 4 * R;
+  int *pushed = calloc(rows, sizeof(int)), *wsum = calloc(2 * rows, sizeof(int)), *wlast = malloc(sizeof(int) * 2 * E);
+  int *cur = malloc(sizeof(int) * W), *cand = malloc(sizeof(int) * W);
+  for (int i = 0; i < 2 * E; i++) wlast[i] = -1;
+  for (int w = 0; w < W; w++) cur[w] = -1;
+#define TAG(t, j) ((j) < p->tile_routed[t] ? p->tile_row0[t] + (j) + 1 : -(p->tile_row0[t] + (j) + 1))
+#define FULL(arr, mb) ((arr)[mb] >= p->mb_first_tile[(mb) + 1] - p->mb_first_tile[(mb)])
+  /* the forward leaves macrobatch 0's x and g|u, act in the ring */
+  for (int32_t t = 0; p->num_mac && t < p->mb_first_tile[p->mac_first_mb[1]]; t++)
+    for (int32_t j = 0; j < p->tile_rows[t]; j++) xt[p->tile_ring[t] + j] = gt[p->tile_ring[t] + j] = TAG(t, j);
+  int next_comm = 0, next_comp = 0, done = 0;
+  const int total = ncomm + ncomp;
+  const char *err = NULL;
+  while (!err && done < total) {
+    int n = 0;
+    for (int w = 0; w < W; w++) {
+      const int is_comm = w < nc;
+      if (cur[w] < 0) {
+        if (is_comm ? next_comm < ncomm : next_comp < ncomp) cand[n++] = w;
+        continue;
+      }
+      const int32_t task = is_comm ? comm[cur[w]] : comp[cur[w]], idx = MOK_PLAN_TASK_INDEX(task);
+      const int op = MOK_PLAN_TASK_OP(task);
+      int ready = 0;
+      if (op <= MOK_PLAN_DGU) {
+        const int mb = p->tile_mb[idx], a = m->mb_mac[mb];
+        switch (op) {
+          case MOK_PLAN_BX:
+          case MOK_PLAN_BDY: ready = a == 0 || ring_done[a - 1] >= mok_plan_bwd_ring_done(p, a - 1) - weaken; break;
+          case MOK_PLAN_BPUSH: ready = FULL(dx_ready, mb); break;
+          case MOK_PLAN_RECOMPUTE: ready = FULL(x_ready, mb); break;
+          case MOK_PLAN_DDOWN: ready = FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb)); break;
+          case MOK_PLAN_DGU: ready = FULL(dgu_ready, mb); break;
+        }
+      } else {
+        const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
+        int32_t t0, t1, before = 0;
+        mac_expert_tiles(p, a, e, &t0, &t1);
+        for (int b = 0; b < a; b++) {
+          int32_t u0, u1;
+          mac_expert_tiles(p, b, e, &u0, &u1);
+          before += u1 > u0;
+        }
+        ready = chain[k * E + e] >= before;
+        for (int32_t t = t0; t < t1 && ready; t++) {
+          const int mb = p->tile_mb[t];
+          ready = k ? FULL(dgu_ready, mb) : FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb));
+        }
+      }
+      if (ready) cand[n++] = w;
+    }
+    if (!n) {
+      snprintf(msg, sizeof msg, "backward deadlock after %d of %d tasks (%d comm, %d compute workers)", done, total, nc,
+               ns);
+      err = msg;
+      break;
+    }
+    const int w = cand[rng_int(r, n)];
+    if (cur[w] < 0) {
+      cur[w] = w < nc ? next_comm++ : next_comp++;
+      continue;
+    }
+    const int32_t task = w < nc ? comm[cur[w]] : comp[cur[w]], idx = MOK_PLAN_TASK_INDEX(task);
+    const int op = MOK_PLAN_TASK_OP(task);
+    if (op <= MOK_PLAN_DGU) {
+      const int32_t t = idx, mb = p->tile_mb[t];
+      for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
+        const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
+        switch (op) {
+          case MOK_PLAN_BX: xt[rr] = tag; break;
+          case MOK_PLAN_BDY: dyt[rr] = tag; break;
+          case MOK_PLAN_RECOMPUTE:
+            if (xt[rr] != tag) err = "recompute read a stale x row";
+            gt[rr] = tag;
+            break;
+          case MOK_PLAN_DDOWN:
+            if (dyt[rr] != tag || gt[rr] != tag) err = "down dgrad read a stale dy or g|u row";
+            dgt[rr] = tag;
+            break;
+          case MOK_PLAN_DGU:
+            if (dgt[rr] != tag) err = "gate/up dgrad read a stale dg|du row";
+            dxt[rr] = tag;
+            break;
+          case MOK_PLAN_BPUSH:
+            if (j >= p->tile_routed[t]) break;
+            if (dxt[rr] != tag) err = "a push read a stale dx row";
+            pushed[p->tile_row0[t] + j]++;
+            break;
+        }
+      }
+      const int a = m->mb_mac[mb];
+      switch (op) {
+        case MOK_PLAN_BX: x_ready[mb]++; break;
+        case MOK_PLAN_BDY: dy_ready[mb]++; break;
+        case MOK_PLAN_RECOMPUTE: gu_ready[mb]++; break;
+        case MOK_PLAN_DDOWN: dgu_ready[mb]++; break;
+        case MOK_PLAN_DGU: dx_ready[mb]++; break;
+        case MOK_PLAN_BPUSH: ring_done[a]++; break;
+      }
+    } else {
+      const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
+      int32_t t0, t1;
+      mac_expert_tiles(p, a, e, &t0, &t1);
+      if (wlast[k * E + e] >= a) err = "a weight gradient accumulated out of macrobatch order";
+      wlast[k * E + e] = a;
+      for (int32_t t = t0; t < t1 && !err; t++)
+        for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
+          const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
+          if (k ? dgt[rr] != tag || xt[rr] != tag : dyt[rr] != tag || gt[rr] != tag)
+            err = k ? "dW_gate/up read a stale dg|du or x row" : "dW_down read a stale dy or act row";
+          if (j < p->tile_routed[t]) wsum[k * rows + p->tile_row0[t] + j]++;
+        }
+      chain[k * E + e]++;
+      ring_done[a]++;
+    }
+    cur[w] = -1;
+    done++;
+  }
+#undef FULL
+#undef TAG
+  for (int e = 0; !err && e < E; e++)
+    for (int32_t q = m->off[e]; q < m->off[e + 1] && !err; q++) {
+      const int want = q - m->off[e] < m->count[e];
+      if (pushed[q] != want || wsum[q] != want || wsum[rows + q] != want) {
+        snprintf(msg, sizeof msg, "row %d (expert %d, %s): pushed %d, in dW_down %d, in dW_gate/up %d times", q, e,
+                 want ? "routed" : "padding", pushed[q], wsum[q], wsum[rows + q]);
+        err = msg;
+      }
+    }
+  free(comm); free(comp); free(ctr); free(ring_done); free(chain); free(tags); free(pushed); free(wsum); free(wlast);
+  free(cur); free(cand);
+  return err;
+}
+
+MOK_TEST(plan_backward_model_random_routings) {
+  rng_t r = {test_seed() ^ 0xb4c};
+  int reused = 0;
+  for (int iter = 0; iter < 200; iter++) {
+    int32_t count[16], off[17];
+    const int E = make_counts(&r, count, off);
+    static const int32_t mbs[] = {176, 256, 512};
+    const int32_t mb_rows = mbs[rng_int(&r, 3)], ring_rows = mb_rows * (1 + rng_int(&r, 3));
+    model_t m;
+    CHECK(model_build(&m, off, count, E, mb_rows, ring_rows));
+    reused += m.p.num_mac > 1;
+    static const int ncs[] = {1, 2, 8}, nss[] = {1, 3, 16};
+    for (int rep = 0; rep < 2; rep++) {
+      const int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
+      const char *err = bwd_run(&m, nc, ns, 0, &r);
+      CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d tiles, %d macrobatches, %d comm / %d compute): %s",
+                iter, E, off[E], mb_rows, ring_rows, m.p.num_tiles, m.p.num_mac, nc, ns, err);
+    }
+    model_free(&m);
+  }
+  CHECK_MSG(reused > 50, "only %d of 200 plans reused the ring", reused);
+}
+
+MOK_TEST(plan_backward_model_notices_a_weakened_ring_wait) {
+  rng_t r = {test_seed() ^ 0xb4d};
+  int32_t count[8] = {700, 333, 512, 48, 0, 1000, 176, 90}, off[9] = {0};
+  for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
+  model_t m;
+  CHECK(model_build(&m, off, count, 8, 256, 512));
+  CHECK(m.p.num_mac > 4);
+  int caught = 0;
+  for (int rep = 0; rep < 200 && !caught; rep++) caught = bwd_run(&m, 8, 16, 1, &r) != NULL;
+  CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
+  CHECK(bwd_run(&m, 8, 16, 0, &r) == NULL);
+  model_free(&m);
+}
