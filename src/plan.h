@@ -250,35 +250,32 @@ MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_
 /* ---- the backward's orders over the same plan (docs/MEGAKERNEL.md, "Backward task plan") --
  * Macrobatches in ascending order (0 first: its context is still in the ring). A task is
  * MOK_PLAN_TASK(op, index): tile tasks index a tile, weight-gradient tasks a * E + e.
- *   comm:    per macrobatch a: [a != 0: BX(t)] BDY(t) for its tiles, then BPUSH(t) for them;
- *            BX / BDY of a != 0 wait ring_done[a - 1] == mok_plan_bwd_ring_done(a - 1)
+ *   comm:    per macrobatch a: for each of its tiles t, the BPUSH of macrobatch a - 1's tiles
+ *            that start below t's end in the ring (mok_plan_comm_before), then [a != 0:
+ *            BX(t)] BDY(t); then a - 1's remaining BPUSH; the last macrobatch's BPUSH close.
  *   compute: per macrobatch a: per minibatch: [a != 0: RECOMPUTE(t)], DDOWN(t), DGU(t) for
  *            its tiles; then per expert e with tiles in a: WDOWN(a, e), WGU(a, e).
- * Waits: RECOMPUTE x_ready[mb] (BX of mb's tiles); DDOWN dy_ready[mb] and, a != 0,
- * gu_ready[mb]; DGU dgu_ready[mb]; BPUSH dx_ready[mb]; WDOWN dy_ready (and gu_ready) of
- * every minibatch holding e's tiles in a, WGU their dgu_ready; both w_chain[kind][e] == e's
- * macrobatches before a (fixed-order fp32 accumulation). ring_done[a] counts a's BPUSH and
- * weight-gradient tasks. (Under this per-macrobatch ring wait the chain wait is implied:
- * WDOWN(a, e) needs a's dy rows, pulled after ring_done[a - 1] counted WDOWN(a - 1, e); the
- * CPU model passes without it. It stays as the accumulator's own guard, for a finer ring
- * wait.) */
+ * Waits: BX / BDY ring_free[u] >= mok_plan_bwd_ring_fills(u) for every ring unit u of the
+ * tile (each earlier fill of u was pushed and read by both weight gradients: BPUSH, WDOWN
+ * and WGU each arrive ring_free once per unit of their tiles); RECOMPUTE x_ready[mb] (BX of
+ * mb's tiles); DDOWN dy_ready[mb] and, a != 0, gu_ready[mb]; DGU dgu_ready[mb]; BPUSH
+ * dx_ready[mb]; WDOWN dy_ready (and gu_ready) of every minibatch holding e's tiles in a, WGU
+ * their dgu_ready; both w_chain[kind][e] == e's macrobatches before a (the fp32
+ * accumulator's fixed order: needed, as a's rows of e may lie in ring units that a - 1 left
+ * free early). */
 enum { MOK_PLAN_BX = 0, MOK_PLAN_BDY, MOK_PLAN_BPUSH, MOK_PLAN_RECOMPUTE, MOK_PLAN_DDOWN, MOK_PLAN_DGU,
        MOK_PLAN_WDOWN, MOK_PLAN_WGU };
 #define MOK_PLAN_TASK(op, index) ((int32_t)(((uint32_t)(op) << 28) | (uint32_t)(index)))
 #define MOK_PLAN_TASK_OP(task) ((int)((uint32_t)(task) >> 28))
 #define MOK_PLAN_TASK_INDEX(task) ((int32_t)((uint32_t)(task) & 0x0fffffffu))
 
-/* Experts with tiles in macrobatch a (its tiles are in expert order). */
-MOK_PHD int32_t mok_plan_mac_experts(const mokPlan_t *p, int a) {
-  const int32_t t0 = p->mb_first_tile[p->mac_first_mb[a]], t1 = p->mb_first_tile[p->mac_first_mb[a + 1]];
-  int32_t n = 0;
-  for (int32_t t = t0; t < t1; t++) n += t == t0 || p->tile_expert[t] != p->tile_expert[t - 1];
-  return n;
-}
-/* What ring_done[a] counts once macrobatch a is done with its ring rows. */
-MOK_PHD int32_t mok_plan_bwd_ring_done(const mokPlan_t *p, int a) {
-  return p->mb_first_tile[p->mac_first_mb[a + 1]] - p->mb_first_tile[p->mac_first_mb[a]] +
-         2 * mok_plan_mac_experts(p, a);
+/* The target of a backward BX / BDY wait on ring unit `unit` for macrobatch a: three
+ * arrivals (BPUSH, WDOWN, WGU) per earlier fill; macrobatches 0 .. a-1 ran before a, each
+ * filling ring rows [0, its rows). */
+MOK_PHD int32_t mok_plan_bwd_ring_fills(const int32_t *mac_rows, int a, int32_t unit) {
+  int32_t fills = 0;
+  for (int b = 0; b < a; b++) fills += mac_rows[b] > unit * MOK_PLAN_UNIT_ROWS;
+  return 3 * fills;
 }
 /* Writes the backward's comm and compute orders (each at most 3 tiles + 2 E nmac tasks)
  * and returns their lengths; -1 where a weight-gradient index would not fit 28 bits. */
@@ -288,11 +285,16 @@ MOK_PHD int mok_plan_bwd_orders(const mokPlan_t *p, int num_experts, int32_t *co
   int32_t nc = 0, ns = 0;
   for (int a = 0; a < p->num_mac; a++) {
     const int32_t t0 = p->mb_first_tile[p->mac_first_mb[a]], t1 = p->mb_first_tile[p->mac_first_mb[a + 1]];
+    int32_t j = a ? p->mb_first_tile[p->mac_first_mb[a - 1]] : t0; /* a - 1's next BPUSH */
     for (int32_t t = t0; t < t1; t++) {
+      for (; j < t0 && mok_plan_comm_before(p->tile_ring[j], p->tile_ring[t] + p->tile_rows[t]); j++)
+        comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BPUSH, j);
       if (a) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BX, t);
       comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BDY, t);
     }
-    for (int32_t t = t0; t < t1; t++) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BPUSH, t);
+    for (; j < t0; j++) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BPUSH, j);
+    if (a == p->num_mac - 1)
+      for (int32_t t = t0; t < t1; t++) comm[nc++] = MOK_PLAN_TASK(MOK_PLAN_BPUSH, t);
     for (int b = p->mac_first_mb[a]; b < p->mac_first_mb[a + 1]; b++) {
       if (a)
         for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) comp[ns++] = MOK_PLAN_TASK(MOK_PLAN_RECOMPUTE, t);

@@ -359,8 +359,9 @@ static void mac_expert_tiles(const mokPlan_t *p, int a, int e, int32_t *t0, int3
   *t1 = t;
 }
 
-/* Runs the backward's orders of m's plan with nc comm and ns compute workers; weaken != 0
- * lowers the ring_done wait by one. Returns NULL or a message. */
+/* Runs the backward's orders of m's plan with nc comm and ns compute workers; weaken 1
+ * lowers the ring wait by one, 2 the weight gradients' chain wait. Returns NULL or a
+ * message. */
 static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
   static char msg[256];
   const mokPlan_t *p = &m->p;
@@ -372,7 +373,8 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
   int32_t *ctr = calloc(5 * nmb, 4); /* x_ready, dy_ready, gu_ready, dgu_ready, dx_ready */
   int32_t *x_ready = ctr, *dy_ready = ctr + nmb, *gu_ready = ctr + 2 * nmb, *dgu_ready = ctr + 3 * nmb,
           *dx_ready = ctr + 4 * nmb;
-  int32_t *ring_done = calloc((size_t)p->num_mac + 1, 4), *chain = calloc(2 * (size_t)E, 4);
+  const int U = m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
+  int32_t *ring_free = calloc((size_t)U, 4), *chain = calloc(2 * (size_t)E, 4);
   int32_t *tags = calloc(5 * R, 4), *xt = tags, *gt = tags + R, *dyt = tags + 2 * R, *dgt = tags + 3 * R,
           *dxt = tags + 4 * R;
   int *pushed = calloc(rows, sizeof(int)), *wsum = calloc(2 * rows, sizeof(int)), *wlast = malloc(sizeof(int) * 2 * E);
@@ -402,7 +404,12 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
         const int mb = p->tile_mb[idx], a = m->mb_mac[mb];
         switch (op) {
           case MOK_PLAN_BX:
-          case MOK_PLAN_BDY: ready = a == 0 || ring_done[a - 1] >= mok_plan_bwd_ring_done(p, a - 1) - weaken; break;
+          case MOK_PLAN_BDY:
+            ready = 1;
+            for (int32_t u = p->tile_ring[idx] / MOK_PLAN_UNIT_ROWS;
+                 u < (p->tile_ring[idx] + p->tile_rows[idx]) / MOK_PLAN_UNIT_ROWS; u++)
+              ready &= ring_free[u] >= mok_plan_bwd_ring_fills(p->mac_rows, a, u) - weaken;
+            break;
           case MOK_PLAN_BPUSH: ready = FULL(dx_ready, mb); break;
           case MOK_PLAN_RECOMPUTE: ready = FULL(x_ready, mb); break;
           case MOK_PLAN_DDOWN: ready = FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb)); break;
@@ -417,7 +424,7 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
           mac_expert_tiles(p, b, e, &u0, &u1);
           before += u1 > u0;
         }
-        ready = chain[k * E + e] >= before;
+        ready = chain[k * E + e] >= before - (weaken == 2);
         for (int32_t t = t0; t < t1 && ready; t++) {
           const int mb = p->tile_mb[t];
           ready = k ? FULL(dgu_ready, mb) : FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb));
@@ -471,8 +478,12 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
         case MOK_PLAN_RECOMPUTE: gu_ready[mb]++; break;
         case MOK_PLAN_DDOWN: dgu_ready[mb]++; break;
         case MOK_PLAN_DGU: dx_ready[mb]++; break;
-        case MOK_PLAN_BPUSH: ring_done[a]++; break;
+        case MOK_PLAN_BPUSH:
+          for (int32_t u = p->tile_ring[t] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t] + p->tile_rows[t]) / MOK_PLAN_UNIT_ROWS; u++)
+            ring_free[u]++;
+          break;
       }
+      (void)a;
     } else {
       const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
       int32_t t0, t1;
@@ -487,7 +498,9 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
           if (j < p->tile_routed[t]) wsum[k * rows + p->tile_row0[t] + j]++;
         }
       chain[k * E + e]++;
-      ring_done[a]++;
+      for (int32_t t = t0; t < t1; t++)
+        for (int32_t u = p->tile_ring[t] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t] + p->tile_rows[t]) / MOK_PLAN_UNIT_ROWS; u++)
+          ring_free[u]++;
     }
     cur[w] = -1;
     done++;
@@ -503,7 +516,7 @@ static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *
         err = msg;
       }
     }
-  free(comm); free(comp); free(ctr); free(ring_done); free(chain); free(tags); free(pushed); free(wsum); free(wlast);
+  free(comm); free(comp); free(ctr); free(ring_free); free(chain); free(tags); free(pushed); free(wsum); free(wlast);
   free(cur); free(cand);
   return err;
 }
@@ -531,7 +544,7 @@ MOK_TEST(plan_backward_model_random_routings) {
   CHECK_MSG(reused > 50, "only %d of 200 plans reused the ring", reused);
 }
 
-MOK_TEST(plan_backward_model_notices_a_weakened_ring_wait) {
+MOK_TEST(plan_backward_model_notices_weakened_waits) {
   rng_t r = {test_seed() ^ 0xb4d};
   int32_t count[8] = {700, 333, 512, 48, 0, 1000, 176, 90}, off[9] = {0};
   for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
@@ -541,6 +554,9 @@ MOK_TEST(plan_backward_model_notices_a_weakened_ring_wait) {
   int caught = 0;
   for (int rep = 0; rep < 200 && !caught; rep++) caught = bwd_run(&m, 8, 16, 1, &r) != NULL;
   CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
+  caught = 0;
+  for (int rep = 0; rep < 200 && !caught; rep++) caught = bwd_run(&m, 8, 16, 2, &r) != NULL;
+  CHECK_MSG(caught, "200 runs with a weakened chain wait found nothing");
   CHECK(bwd_run(&m, 8, 16, 0, &r) == NULL);
   model_free(&m);
 }
