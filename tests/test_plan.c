@@ -77,100 +77,141 @@ static void model_free(model_t *m) {
   free(m->buf); free(m->mb_mac); free(m->comm); free(m->comp);
 }
 
-/* Runs the task lists with `nc` communication and `ns` compute workers under a random
- * interleaving; weaken != 0 lowers every dispatch's ring wait by one (the test that the
- * model notices). Returns NULL or a message (static buffer). */
-static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
-  static char msg[256];
-  const mokPlan_t *p = &m->p;
-  const int W = nc + ns, U = m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
-  int32_t *x_ready = calloc((size_t)p->num_mb + 1, 4), *h_ready = calloc((size_t)p->num_mb + 1, 4);
-  int32_t *y_ready = calloc((size_t)p->num_mb + 1, 4), *ring_free = calloc((size_t)U, 4);
-  /* ring tags: +(row + 1) a routed row, -(row + 1) a padding row, 0 never written */
-  int32_t *xt = calloc((size_t)m->ring_rows + 1, 4), *ht = calloc((size_t)m->ring_rows + 1, 4);
-  int32_t *yt = calloc((size_t)m->ring_rows + 1, 4);
-  int32_t rows = m->off[m->E];
-  int *combined = calloc((size_t)rows + 1, sizeof(int));
+/* A task's step on ring row rr: NULL if src holds the row's tag (then dst, if any, gets
+ * it), else `what`. */
+static const char *relay(const int32_t *src, int32_t *dst, int32_t rr, int32_t tag, const char *what) {
+  if (src[rr] != tag) return what;
+  if (dst) dst[rr] = tag;
+  return NULL;
+}
+
+/* Two task lists behind callbacks: whether task i of the comm (is_comm) or compute list may
+ * run now, and running it (NULL or an error). */
+typedef struct {
+  int ncomm, ncomp;
+  int (*ready)(void *st, int is_comm, int i);
+  const char *(*exec)(void *st, int is_comm, int i);
+  void *st;
+} lists_t;
+
+/* Runs the lists with nc communication and ns compute workers under a random interleaving:
+ * a free worker takes the next task of its list, in order, and holds it until it may run
+ * (as a spinning CTA holds its SM); of the workers that can move, a random one, or half the
+ * time the one whose task is furthest down its list (so that later tasks overtake earlier
+ * ones whenever the waits allow). Returns NULL, a task's error or a deadlock message. */
+static const char *interleave(const lists_t *L, int nc, int ns, rng_t *r) {
+  static char msg[160];
+  const int W = nc + ns, total = L->ncomm + L->ncomp;
   int *cur = malloc(sizeof(int) * (size_t)W), *cand = malloc(sizeof(int) * (size_t)W);
   for (int w = 0; w < W; w++) cur[w] = -1;
-  int next_comm = 0, next_comp = 0, done = 0, total = m->ncomm + m->ncomp;
+  int next[2] = {0, 0}, done = 0; /* next task of the compute [0] and comm [1] lists */
   const char *err = NULL;
   while (!err && done < total) {
     int n = 0;
     for (int w = 0; w < W; w++) {
       const int is_comm = w < nc;
-      if (cur[w] < 0) {
-        if (is_comm ? next_comm < m->ncomm : next_comp < m->ncomp) cand[n++] = w;
-        continue;
-      }
-      const task_t *t = is_comm ? &m->comm[cur[w]] : &m->comp[cur[w]];
-      int ready = 0;
-      switch (t->op) {
-        case OP_DISPATCH: {
-          const int a = m->mb_mac[t->mb];
-          const int32_t u0 = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS;
-          ready = 1;
-          for (int32_t u = u0; u < u0 + p->tile_rows[t->tile] / MOK_PLAN_UNIT_ROWS; u++)
-            ready &= ring_free[u] >= mok_plan_ring_fills(p->mac_rows, p->num_mac, a, u) - weaken;
-          break;
-        }
-        case OP_GATEUP: ready = x_ready[t->mb] >= t->wait_target; break;
-        case OP_DOWN: ready = h_ready[t->mb] >= t->wait_target; break;
-        case OP_COMBINE: ready = y_ready[t->mb] >= t->wait_target; break;
-      }
-      if (ready) cand[n++] = w;
+      if (cur[w] < 0 ? next[is_comm] < (is_comm ? L->ncomm : L->ncomp) : L->ready(L->st, is_comm, cur[w])) cand[n++] = w;
     }
     if (!n) {
       snprintf(msg, sizeof msg, "deadlock after %d of %d tasks (%d comm, %d compute workers)", done, total, nc, ns);
       err = msg;
       break;
     }
-    const int w = cand[rng_int(r, n)];
-    if (cur[w] < 0) { /* grab the next task of this worker's list, in order */
-      cur[w] = w < nc ? next_comm++ : next_comp++;
+    int w = cand[rng_int(r, n)];
+    if (rng_int(r, 2)) /* half the time the ready task furthest down its list: later tasks overtake earlier ones */
+      for (int c = 0; c < n; c++)
+        if (cur[cand[c]] > cur[w]) w = cand[c];
+    if (cur[w] < 0) {
+      cur[w] = next[w < nc]++;
       continue;
     }
-    const task_t *t = w < nc ? &m->comm[cur[w]] : &m->comp[cur[w]];
-    const int32_t row0 = p->tile_row0[t->tile], nt = p->tile_rows[t->tile], routed = p->tile_routed[t->tile];
-    for (int32_t j = 0; j < nt && !err; j++) {
-      const int32_t q = row0 + j, rr = p->tile_ring[t->tile] + j, tag = j < routed ? q + 1 : -(q + 1);
-      switch (t->op) {
-        case OP_DISPATCH: xt[rr] = tag; break;
-        case OP_GATEUP:
-          if (xt[rr] != tag) err = "gate/up read a ring row that does not hold its row";
-          ht[rr] = tag;
-          break;
-        case OP_DOWN:
-          if (ht[rr] != tag) err = "down read an activation ring row that does not hold its row";
-          yt[rr] = tag;
-          break;
-        case OP_COMBINE:
-          if (j >= routed) break; /* padding: nothing to push */
-          if (yt[rr] != tag) err = "combine read an output ring row that does not hold its row";
-          combined[q]++;
-          break;
-      }
-    }
-    switch (t->op) {
-      case OP_DISPATCH: x_ready[t->mb]++; break;
-      case OP_GATEUP: h_ready[t->mb]++; break;
-      case OP_DOWN: y_ready[t->mb]++; break;
-      case OP_COMBINE:
-        for (int32_t u = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t->tile] + nt) / MOK_PLAN_UNIT_ROWS;
-             u++)
-          ring_free[u]++;
-        break;
-    }
+    err = L->exec(L->st, w < nc, cur[w]);
     cur[w] = -1;
     done++;
   }
+  free(cur), free(cand);
+  return err;
+}
+
+/* The forward model's state: counters and ring tags (+(row + 1) a routed row, -(row + 1) a
+ * padding row, 0 never written). */
+typedef struct {
+  const model_t *m;
+  int weaken;
+  int32_t *x_ready, *h_ready, *y_ready, *ring_free, *xt, *ht, *yt;
+  int *combined;
+} fwd_state;
+
+static int fwd_ready(void *st, int is_comm, int i) {
+  const fwd_state *f = st;
+  const model_t *m = f->m;
+  const mokPlan_t *p = &m->p;
+  const task_t *t = is_comm ? &m->comm[i] : &m->comp[i];
+  switch (t->op) {
+    case OP_DISPATCH: {
+      const int a = m->mb_mac[t->mb];
+      const int32_t u0 = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS;
+      for (int32_t u = u0; u < u0 + p->tile_rows[t->tile] / MOK_PLAN_UNIT_ROWS; u++)
+        if (f->ring_free[u] < mok_plan_ring_fills(p->mac_rows, p->num_mac, a, u) - f->weaken) return 0;
+      return 1;
+    }
+    case OP_GATEUP: return f->x_ready[t->mb] >= t->wait_target;
+    case OP_DOWN: return f->h_ready[t->mb] >= t->wait_target;
+    default: return f->y_ready[t->mb] >= t->wait_target;
+  }
+}
+
+static const char *fwd_exec(void *st, int is_comm, int i) {
+  fwd_state *f = st;
+  const model_t *m = f->m;
+  const mokPlan_t *p = &m->p;
+  const task_t *t = is_comm ? &m->comm[i] : &m->comp[i];
+  const int32_t row0 = p->tile_row0[t->tile], nt = p->tile_rows[t->tile], routed = p->tile_routed[t->tile];
+  const char *err = NULL;
+  for (int32_t j = 0; j < nt && !err; j++) {
+    const int32_t q = row0 + j, rr = p->tile_ring[t->tile] + j, tag = j < routed ? q + 1 : -(q + 1);
+    switch (t->op) {
+      case OP_DISPATCH: f->xt[rr] = tag; break;
+      case OP_GATEUP: err = relay(f->xt, f->ht, rr, tag, "gate/up read a ring row that does not hold its row"); break;
+      case OP_DOWN: err = relay(f->ht, f->yt, rr, tag, "down read an activation ring row that does not hold its row"); break;
+      case OP_COMBINE: /* (padding: nothing to push) */
+        if (j < routed && !(err = relay(f->yt, NULL, rr, tag, "combine read an output ring row that does not hold its row")))
+          f->combined[q]++;
+        break;
+    }
+  }
+  switch (t->op) {
+    case OP_DISPATCH: f->x_ready[t->mb]++; break;
+    case OP_GATEUP: f->h_ready[t->mb]++; break;
+    case OP_DOWN: f->y_ready[t->mb]++; break;
+    case OP_COMBINE:
+      for (int32_t u = p->tile_ring[t->tile] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t->tile] + nt) / MOK_PLAN_UNIT_ROWS; u++)
+        f->ring_free[u]++;
+      break;
+  }
+  return err;
+}
+
+/* Runs the forward's task lists with `nc` communication and `ns` compute workers under a
+ * random interleaving; weaken != 0 lowers every dispatch's ring wait by one (the test that
+ * the model notices). Returns NULL or a message (static buffer). */
+static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
+  static char msg[256];
+  const mokPlan_t *p = &m->p;
+  const size_t nmb = (size_t)p->num_mb + 1, R = (size_t)m->ring_rows + 1;
+  int32_t *buf = calloc(3 * nmb + (size_t)m->ring_rows / MOK_PLAN_UNIT_ROWS + 1 + 3 * R, 4);
+  fwd_state f = {m, weaken, buf, buf + nmb, buf + 2 * nmb, buf + 3 * nmb, NULL, NULL, NULL, NULL};
+  f.xt = f.ring_free + m->ring_rows / MOK_PLAN_UNIT_ROWS + 1, f.ht = f.xt + R, f.yt = f.ht + R;
+  f.combined = calloc((size_t)m->off[m->E] + 1, sizeof(int));
+  const lists_t L = {m->ncomm, m->ncomp, fwd_ready, fwd_exec, &f};
+  const char *err = interleave(&L, nc, ns, r);
   /* every routed row combined once, every other row never */
   for (int e = 0; !err && e < m->E; e++)
     for (int32_t q = m->off[e]; q < m->off[e + 1]; q++) {
       const int want = q - m->off[e] < m->count[e];
-      if (combined[q] != want) {
+      if (f.combined[q] != want) {
         snprintf(msg, sizeof msg, "row %d (expert %d, %s) combined %d times", q, e, want ? "routed" : "padding",
-                 combined[q]);
+                 f.combined[q]);
         err = msg;
         break;
       }
@@ -180,10 +221,9 @@ static const char *model_run(const model_t *m, int nc, int ns, int weaken, rng_t
   for (int i = 0; !err && p->num_mac && i < p->mb_first_tile[p->mac_first_mb[1]]; i++)
     for (int32_t j = 0; j < p->tile_rows[i]; j++) {
       const int32_t rr = p->tile_ring[i] + j, q = p->tile_row0[i] + j, tag = j < p->tile_routed[i] ? q + 1 : -(q + 1);
-      if (xt[rr] != tag || ht[rr] != tag || yt[rr] != tag) err = "the ring does not end holding macrobatch 0";
+      if (f.xt[rr] != tag || f.ht[rr] != tag || f.yt[rr] != tag) err = "the ring does not end holding macrobatch 0";
     }
-  free(x_ready); free(h_ready); free(y_ready); free(ring_free); free(xt); free(ht); free(yt);
-  free(combined); free(cur); free(cand);
+  free(buf), free(f.combined);
   return err;
 }
 
@@ -203,8 +243,12 @@ static int make_counts(rng_t *r, int32_t *count, int32_t *off) {
   return E;
 }
 
-MOK_TEST(plan_model_random_routings_and_tunables) {
-  rng_t r = {test_seed() ^ 0x91a};
+typedef const char *(*run_fn)(const model_t *m, int nc, int ns, int weaken, rng_t *r);
+
+/* 300 random routings and tunables (rings from one minibatch to all rows), each run three
+ * times by `run` with 1-8 comm and 1-16 compute workers. */
+static void check_random_plans(test_ctx *t, run_fn run, uint64_t salt) {
+  rng_t r = {test_seed() ^ salt};
   int reused = 0;
   for (int iter = 0; iter < 300; iter++) {
     int32_t count[16], off[17];
@@ -228,7 +272,7 @@ MOK_TEST(plan_model_random_routings_and_tunables) {
     static const int ncs[] = {1, 2, 8}, nss[] = {1, 3, 16};
     for (int rep = 0; rep < 3; rep++) {
       const int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
-      const char *err = model_run(&m, nc, ns, 0, &r);
+      const char *err = run(&m, nc, ns, 0, &r);
       CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d tiles, %d macrobatches, %d comm / %d compute): %s",
                 iter, E, off[E], mb_rows, ring_rows, m.p.num_tiles, m.p.num_mac, nc, ns, err);
     }
@@ -237,20 +281,34 @@ MOK_TEST(plan_model_random_routings_and_tunables) {
   CHECK_MSG(reused > 50, "only %d of 300 plans reused the ring: the test lost its point", reused);
 }
 
-MOK_TEST(plan_model_notices_a_weakened_ring_wait) {
-  /* many tiles through a ring of two minibatches, many workers: with every dispatch's ring
-   * wait one short, a dispatch overwrites rows not yet combined in some run */
-  rng_t r = {test_seed() ^ 0x5eed};
-  int32_t count[8] = {700, 333, 512, 48, 0, 1000, 176, 90}, off[9] = {0};
-  for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
+/* Many tiles through a ring of two minibatches, many workers: with each of the n waits in
+ * weakens[] one short, `run` must fail within 3000 runs (rows read before they are written
+ * or after they are overwritten, a weight gradient out of order); with none, pass. The
+ * ring waits were caught in 99% of runs, the backward's chain wait in 1% (about 20 of 2000;
+ * a miss in 3000 runs: ~1e-13). */
+static void check_catches(test_ctx *t, run_fn run, uint64_t salt, const int *weakens, int n) {
+  rng_t r = {test_seed() ^ salt};
+  /* small experts beside ones that span macrobatches (starting after other experts' tiles
+   * in one, at the ring's start in the next), hot ones, an empty one */
+  int32_t count[16] = {100, 100, 100, 600, 100, 100, 600, 100, 700, 333, 512, 48, 0, 1000, 176, 90}, off[17] = {0};
+  for (int e = 0; e < 16; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
   model_t m;
-  CHECK(model_build(&m, off, count, 8, 256, 512));
-  CHECK(m.p.num_mac > 4);
-  int caught = 0;
-  for (int rep = 0; rep < 200 && !caught; rep++) caught = model_run(&m, 8, 16, 1, &r) != NULL;
-  CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
-  CHECK(model_run(&m, 8, 16, 0, &r) == NULL);
+  CHECK(model_build(&m, off, count, 16, 256, 512));
+  CHECK(m.p.num_mac > 8);
+  for (int i = 0; i < n; i++) {
+    int caught = 0;
+    for (int rep = 0; rep < 3000 && !caught; rep++) caught = run(&m, 8, 16, weakens[i], &r) != NULL;
+    CHECK_MSG(caught, "3000 runs with wait %d weakened found nothing: the model checks too little", weakens[i]);
+  }
+  CHECK(run(&m, 8, 16, 0, &r) == NULL);
   model_free(&m);
+}
+
+MOK_TEST(plan_model_random_routings_and_tunables) { check_random_plans(t, model_run, 0x91a); }
+
+MOK_TEST(plan_model_notices_a_weakened_ring_wait) {
+  static const int weak[1] = {1};
+  check_catches(t, model_run, 0x5eed, weak, 1);
 }
 
 MOK_TEST(plan_token_tiles_cover_routed_rows) {
@@ -359,204 +417,152 @@ static void mac_expert_tiles(const mokPlan_t *p, int a, int e, int32_t *t0, int3
   *t1 = t;
 }
 
+/* The backward model's state (tags as the forward's). */
+typedef struct {
+  const model_t *m;
+  int weaken;
+  const int32_t *comm, *comp;
+  int32_t *x_ready, *dy_ready, *gu_ready, *dgu_ready, *dx_ready, *ring_free, *chain;
+  int32_t *xt, *gt, *dyt, *dgt, *dxt;
+  int *pushed, *wsum, *wlast; /* wsum: [2][rows] */
+  size_t rows;
+} bwd_state;
+
+#define TAG(t, j) ((j) < p->tile_routed[t] ? p->tile_row0[t] + (j) + 1 : -(p->tile_row0[t] + (j) + 1))
+#define FULL(arr, mb) ((arr)[mb] >= p->mb_first_tile[(mb) + 1] - p->mb_first_tile[(mb)])
+#define UNITS(u, t) \
+  for (int32_t u = p->tile_ring[t] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t] + p->tile_rows[t]) / MOK_PLAN_UNIT_ROWS; u++)
+
+static int bwd_ready(void *st, int is_comm, int i) {
+  const bwd_state *b = st;
+  const mokPlan_t *p = &b->m->p;
+  const int E = b->m->E;
+  const int32_t task = is_comm ? b->comm[i] : b->comp[i], idx = MOK_PLAN_TASK_INDEX(task);
+  const int op = MOK_PLAN_TASK_OP(task);
+  if (op <= MOK_PLAN_DGU) {
+    const int mb = p->tile_mb[idx], a = b->m->mb_mac[mb];
+    switch (op) {
+      case MOK_PLAN_BX:
+      case MOK_PLAN_BDY:
+        UNITS(u, idx) if (b->ring_free[u] < mok_plan_bwd_ring_fills(p->mac_rows, a, u) - (b->weaken == 1)) return 0;
+        return 1;
+      case MOK_PLAN_BPUSH: return FULL(b->dx_ready, mb);
+      case MOK_PLAN_RECOMPUTE: return FULL(b->x_ready, mb);
+      case MOK_PLAN_DDOWN: return FULL(b->dy_ready, mb) && (a == 0 || FULL(b->gu_ready, mb));
+      default: return FULL(b->dgu_ready, mb);
+    }
+  }
+  const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
+  int32_t t0, t1, before = 0;
+  mac_expert_tiles(p, a, e, &t0, &t1);
+  for (int c = 0; c < a; c++) {
+    int32_t u0, u1;
+    mac_expert_tiles(p, c, e, &u0, &u1);
+    before += u1 > u0;
+  }
+  if (b->chain[k * E + e] < before - (b->weaken == 2)) return 0;
+  for (int32_t t = t0; t < t1; t++) {
+    const int mb = p->tile_mb[t];
+    if (k ? !FULL(b->dgu_ready, mb) : !FULL(b->dy_ready, mb) || (a != 0 && !FULL(b->gu_ready, mb))) return 0;
+  }
+  return 1;
+}
+
+static const char *bwd_exec(void *st, int is_comm, int i) {
+  bwd_state *b = st;
+  const mokPlan_t *p = &b->m->p;
+  const int E = b->m->E;
+  const int32_t task = is_comm ? b->comm[i] : b->comp[i], idx = MOK_PLAN_TASK_INDEX(task);
+  const int op = MOK_PLAN_TASK_OP(task);
+  const char *err = NULL;
+  if (op <= MOK_PLAN_DGU) {
+    const int32_t t = idx, mb = p->tile_mb[t];
+    for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
+      const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
+      switch (op) {
+        case MOK_PLAN_BX: b->xt[rr] = tag; break;
+        case MOK_PLAN_BDY: b->dyt[rr] = tag; break;
+        case MOK_PLAN_RECOMPUTE: err = relay(b->xt, b->gt, rr, tag, "recompute read a stale x row"); break;
+        case MOK_PLAN_DDOWN:
+          if (!(err = relay(b->gt, NULL, rr, tag, "down dgrad read a stale g|u row")))
+            err = relay(b->dyt, b->dgt, rr, tag, "down dgrad read a stale dy row");
+          break;
+        case MOK_PLAN_DGU: err = relay(b->dgt, b->dxt, rr, tag, "gate/up dgrad read a stale dg|du row"); break;
+        case MOK_PLAN_BPUSH:
+          if (j < p->tile_routed[t] && !(err = relay(b->dxt, NULL, rr, tag, "a push read a stale dx row")))
+            b->pushed[p->tile_row0[t] + j]++;
+          break;
+      }
+    }
+    switch (op) {
+      case MOK_PLAN_BX: b->x_ready[mb]++; break;
+      case MOK_PLAN_BDY: b->dy_ready[mb]++; break;
+      case MOK_PLAN_RECOMPUTE: b->gu_ready[mb]++; break;
+      case MOK_PLAN_DDOWN: b->dgu_ready[mb]++; break;
+      case MOK_PLAN_DGU: b->dx_ready[mb]++; break;
+      case MOK_PLAN_BPUSH: UNITS(u, t) b->ring_free[u]++; break;
+    }
+    return err;
+  }
+  const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
+  int32_t t0, t1;
+  mac_expert_tiles(p, a, e, &t0, &t1);
+  if (b->wlast[k * E + e] >= a) return "a weight gradient accumulated out of macrobatch order";
+  b->wlast[k * E + e] = a;
+  for (int32_t t = t0; t < t1 && !err; t++)
+    for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
+      const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
+      if (k ? b->dgt[rr] != tag || b->xt[rr] != tag : b->dyt[rr] != tag || b->gt[rr] != tag)
+        err = k ? "dW_gate/up read a stale dg|du or x row" : "dW_down read a stale dy or act row";
+      if (j < p->tile_routed[t]) b->wsum[(size_t)k * b->rows + (size_t)(p->tile_row0[t] + j)]++;
+    }
+  b->chain[k * E + e]++;
+  for (int32_t t = t0; t < t1; t++) UNITS(u, t) b->ring_free[u]++;
+  return err;
+}
+
 /* Runs the backward's orders of m's plan with nc comm and ns compute workers; weaken 1
  * lowers the ring wait by one, 2 the weight gradients' chain wait. Returns NULL or a
  * message. */
 static const char *bwd_run(const model_t *m, int nc, int ns, int weaken, rng_t *r) {
   static char msg[256];
   const mokPlan_t *p = &m->p;
-  const int E = m->E, nt = p->num_tiles, W = nc + ns;
-  const size_t cap = 3 * (size_t)nt + 2 * (size_t)E * (size_t)p->num_mac + 1;
-  int32_t *comm = malloc(4 * cap), *comp = malloc(4 * cap), ncomm = 0, ncomp = 0;
-  if (mok_plan_bwd_orders(p, E, comm, &ncomm, comp, &ncomp) != 0) return "mok_plan_bwd_orders refused";
+  const int E = m->E;
+  const size_t cap = 3 * (size_t)p->num_tiles + 2 * (size_t)E * (size_t)p->num_mac + 1;
+  int32_t *orders = malloc(8 * cap), ncomm = 0, ncomp = 0;
+  if (mok_plan_bwd_orders(p, E, orders, &ncomm, orders + cap, &ncomp) != 0) return "mok_plan_bwd_orders refused";
   const size_t nmb = (size_t)p->num_mb + 1, R = (size_t)m->ring_rows + 1, rows = (size_t)m->off[E] + 1;
-  int32_t *ctr = calloc(5 * nmb, 4); /* x_ready, dy_ready, gu_ready, dgu_ready, dx_ready */
-  int32_t *x_ready = ctr, *dy_ready = ctr + nmb, *gu_ready = ctr + 2 * nmb, *dgu_ready = ctr + 3 * nmb,
-          *dx_ready = ctr + 4 * nmb;
-  const int U = m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
-  int32_t *ring_free = calloc((size_t)U, 4), *chain = calloc(2 * (size_t)E, 4);
-  int32_t *tags = calloc(5 * R, 4), *xt = tags, *gt = tags + R, *dyt = tags + 2 * R, *dgt = tags + 3 * R,
-          *dxt = tags + 4 * R;
-  int *pushed = calloc(rows, sizeof(int)), *wsum = calloc(2 * rows, sizeof(int)), *wlast = malloc(sizeof(int) * 2 * E);
-  int *cur = malloc(sizeof(int) * W), *cand = malloc(sizeof(int) * W);
-  for (int i = 0; i < 2 * E; i++) wlast[i] = -1;
-  for (int w = 0; w < W; w++) cur[w] = -1;
-#define TAG(t, j) ((j) < p->tile_routed[t] ? p->tile_row0[t] + (j) + 1 : -(p->tile_row0[t] + (j) + 1))
-#define FULL(arr, mb) ((arr)[mb] >= p->mb_first_tile[(mb) + 1] - p->mb_first_tile[(mb)])
+  const size_t U = (size_t)m->ring_rows / MOK_PLAN_UNIT_ROWS + 1;
+  int32_t *ctr = calloc(5 * nmb + U + 2 * (size_t)E + 5 * R, 4);
+  bwd_state b = {m, weaken, orders, orders + cap, ctr, ctr + nmb, ctr + 2 * nmb, ctr + 3 * nmb, ctr + 4 * nmb,
+                 ctr + 5 * nmb, ctr + 5 * nmb + U, NULL, NULL, NULL, NULL, NULL, NULL, NULL, NULL, rows};
+  b.xt = b.chain + 2 * E, b.gt = b.xt + R, b.dyt = b.gt + R, b.dgt = b.dyt + R, b.dxt = b.dgt + R;
+  b.pushed = calloc(3 * rows + 2 * (size_t)E, sizeof(int)), b.wsum = b.pushed + rows, b.wlast = b.wsum + 2 * rows;
+  for (int i = 0; i < 2 * E; i++) b.wlast[i] = -1;
   /* the forward leaves macrobatch 0's x and g|u, act in the ring */
   for (int32_t t = 0; p->num_mac && t < p->mb_first_tile[p->mac_first_mb[1]]; t++)
-    for (int32_t j = 0; j < p->tile_rows[t]; j++) xt[p->tile_ring[t] + j] = gt[p->tile_ring[t] + j] = TAG(t, j);
-  int next_comm = 0, next_comp = 0, done = 0;
-  const int total = ncomm + ncomp;
-  const char *err = NULL;
-  while (!err && done < total) {
-    int n = 0;
-    for (int w = 0; w < W; w++) {
-      const int is_comm = w < nc;
-      if (cur[w] < 0) {
-        if (is_comm ? next_comm < ncomm : next_comp < ncomp) cand[n++] = w;
-        continue;
-      }
-      const int32_t task = is_comm ? comm[cur[w]] : comp[cur[w]], idx = MOK_PLAN_TASK_INDEX(task);
-      const int op = MOK_PLAN_TASK_OP(task);
-      int ready = 0;
-      if (op <= MOK_PLAN_DGU) {
-        const int mb = p->tile_mb[idx], a = m->mb_mac[mb];
-        switch (op) {
-          case MOK_PLAN_BX:
-          case MOK_PLAN_BDY:
-            ready = 1;
-            for (int32_t u = p->tile_ring[idx] / MOK_PLAN_UNIT_ROWS;
-                 u < (p->tile_ring[idx] + p->tile_rows[idx]) / MOK_PLAN_UNIT_ROWS; u++)
-              ready &= ring_free[u] >= mok_plan_bwd_ring_fills(p->mac_rows, a, u) - weaken;
-            break;
-          case MOK_PLAN_BPUSH: ready = FULL(dx_ready, mb); break;
-          case MOK_PLAN_RECOMPUTE: ready = FULL(x_ready, mb); break;
-          case MOK_PLAN_DDOWN: ready = FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb)); break;
-          case MOK_PLAN_DGU: ready = FULL(dgu_ready, mb); break;
-        }
-      } else {
-        const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
-        int32_t t0, t1, before = 0;
-        mac_expert_tiles(p, a, e, &t0, &t1);
-        for (int b = 0; b < a; b++) {
-          int32_t u0, u1;
-          mac_expert_tiles(p, b, e, &u0, &u1);
-          before += u1 > u0;
-        }
-        ready = chain[k * E + e] >= before - (weaken == 2);
-        for (int32_t t = t0; t < t1 && ready; t++) {
-          const int mb = p->tile_mb[t];
-          ready = k ? FULL(dgu_ready, mb) : FULL(dy_ready, mb) && (a == 0 || FULL(gu_ready, mb));
-        }
-      }
-      if (ready) cand[n++] = w;
-    }
-    if (!n) {
-      snprintf(msg, sizeof msg, "backward deadlock after %d of %d tasks (%d comm, %d compute workers)", done, total, nc,
-               ns);
-      err = msg;
-      break;
-    }
-    const int w = cand[rng_int(r, n)];
-    if (cur[w] < 0) {
-      cur[w] = w < nc ? next_comm++ : next_comp++;
-      continue;
-    }
-    const int32_t task = w < nc ? comm[cur[w]] : comp[cur[w]], idx = MOK_PLAN_TASK_INDEX(task);
-    const int op = MOK_PLAN_TASK_OP(task);
-    if (op <= MOK_PLAN_DGU) {
-      const int32_t t = idx, mb = p->tile_mb[t];
-      for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
-        const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
-        switch (op) {
-          case MOK_PLAN_BX: xt[rr] = tag; break;
-          case MOK_PLAN_BDY: dyt[rr] = tag; break;
-          case MOK_PLAN_RECOMPUTE:
-            if (xt[rr] != tag) err = "recompute read a stale x row";
-            gt[rr] = tag;
-            break;
-          case MOK_PLAN_DDOWN:
-            if (dyt[rr] != tag || gt[rr] != tag) err = "down dgrad read a stale dy or g|u row";
-            dgt[rr] = tag;
-            break;
-          case MOK_PLAN_DGU:
-            if (dgt[rr] != tag) err = "gate/up dgrad read a stale dg|du row";
-            dxt[rr] = tag;
-            break;
-          case MOK_PLAN_BPUSH:
-            if (j >= p->tile_routed[t]) break;
-            if (dxt[rr] != tag) err = "a push read a stale dx row";
-            pushed[p->tile_row0[t] + j]++;
-            break;
-        }
-      }
-      const int a = m->mb_mac[mb];
-      switch (op) {
-        case MOK_PLAN_BX: x_ready[mb]++; break;
-        case MOK_PLAN_BDY: dy_ready[mb]++; break;
-        case MOK_PLAN_RECOMPUTE: gu_ready[mb]++; break;
-        case MOK_PLAN_DDOWN: dgu_ready[mb]++; break;
-        case MOK_PLAN_DGU: dx_ready[mb]++; break;
-        case MOK_PLAN_BPUSH:
-          for (int32_t u = p->tile_ring[t] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t] + p->tile_rows[t]) / MOK_PLAN_UNIT_ROWS; u++)
-            ring_free[u]++;
-          break;
-      }
-      (void)a;
-    } else {
-      const int a = idx / E, e = idx % E, k = op == MOK_PLAN_WGU;
-      int32_t t0, t1;
-      mac_expert_tiles(p, a, e, &t0, &t1);
-      if (wlast[k * E + e] >= a) err = "a weight gradient accumulated out of macrobatch order";
-      wlast[k * E + e] = a;
-      for (int32_t t = t0; t < t1 && !err; t++)
-        for (int32_t j = 0; j < p->tile_rows[t] && !err; j++) {
-          const int32_t rr = p->tile_ring[t] + j, tag = TAG(t, j);
-          if (k ? dgt[rr] != tag || xt[rr] != tag : dyt[rr] != tag || gt[rr] != tag)
-            err = k ? "dW_gate/up read a stale dg|du or x row" : "dW_down read a stale dy or act row";
-          if (j < p->tile_routed[t]) wsum[k * rows + p->tile_row0[t] + j]++;
-        }
-      chain[k * E + e]++;
-      for (int32_t t = t0; t < t1; t++)
-        for (int32_t u = p->tile_ring[t] / MOK_PLAN_UNIT_ROWS; u < (p->tile_ring[t] + p->tile_rows[t]) / MOK_PLAN_UNIT_ROWS; u++)
-          ring_free[u]++;
-    }
-    cur[w] = -1;
-    done++;
-  }
-#undef FULL
-#undef TAG
+    for (int32_t j = 0; j < p->tile_rows[t]; j++) b.xt[p->tile_ring[t] + j] = b.gt[p->tile_ring[t] + j] = TAG(t, j);
+  const lists_t L = {ncomm, ncomp, bwd_ready, bwd_exec, &b};
+  const char *err = interleave(&L, nc, ns, r);
   for (int e = 0; !err && e < E; e++)
     for (int32_t q = m->off[e]; q < m->off[e + 1] && !err; q++) {
       const int want = q - m->off[e] < m->count[e];
-      if (pushed[q] != want || wsum[q] != want || wsum[rows + q] != want) {
+      if (b.pushed[q] != want || b.wsum[q] != want || b.wsum[rows + q] != want) {
         snprintf(msg, sizeof msg, "row %d (expert %d, %s): pushed %d, in dW_down %d, in dW_gate/up %d times", q, e,
-                 want ? "routed" : "padding", pushed[q], wsum[q], wsum[rows + q]);
+                 want ? "routed" : "padding", b.pushed[q], b.wsum[q], b.wsum[rows + q]);
         err = msg;
       }
     }
-  free(comm); free(comp); free(ctr); free(ring_free); free(chain); free(tags); free(pushed); free(wsum); free(wlast);
-  free(cur); free(cand);
+  free(orders), free(ctr), free(b.pushed);
   return err;
 }
+#undef UNITS
+#undef FULL
+#undef TAG
 
-MOK_TEST(plan_backward_model_random_routings) {
-  rng_t r = {test_seed() ^ 0xb4c};
-  int reused = 0;
-  for (int iter = 0; iter < 200; iter++) {
-    int32_t count[16], off[17];
-    const int E = make_counts(&r, count, off);
-    static const int32_t mbs[] = {176, 256, 512};
-    const int32_t mb_rows = mbs[rng_int(&r, 3)], ring_rows = mb_rows * (1 + rng_int(&r, 3));
-    model_t m;
-    CHECK(model_build(&m, off, count, E, mb_rows, ring_rows));
-    reused += m.p.num_mac > 1;
-    static const int ncs[] = {1, 2, 8}, nss[] = {1, 3, 16};
-    for (int rep = 0; rep < 2; rep++) {
-      const int nc = ncs[rng_int(&r, 3)], ns = nss[rng_int(&r, 3)];
-      const char *err = bwd_run(&m, nc, ns, 0, &r);
-      CHECK_MSG(!err, "iter %d (E %d, rows %d, mb %d, ring %d, %d tiles, %d macrobatches, %d comm / %d compute): %s",
-                iter, E, off[E], mb_rows, ring_rows, m.p.num_tiles, m.p.num_mac, nc, ns, err);
-    }
-    model_free(&m);
-  }
-  CHECK_MSG(reused > 50, "only %d of 200 plans reused the ring", reused);
-}
+MOK_TEST(plan_backward_model_random_routings) { check_random_plans(t, bwd_run, 0xb4c); }
 
 MOK_TEST(plan_backward_model_notices_weakened_waits) {
-  rng_t r = {test_seed() ^ 0xb4d};
-  int32_t count[8] = {700, 333, 512, 48, 0, 1000, 176, 90}, off[9] = {0};
-  for (int e = 0; e < 8; e++) off[e + 1] = off[e] + (count[e] + 63) / 64 * 64;
-  model_t m;
-  CHECK(model_build(&m, off, count, 8, 256, 512));
-  CHECK(m.p.num_mac > 4);
-  int caught = 0;
-  for (int rep = 0; rep < 200 && !caught; rep++) caught = bwd_run(&m, 8, 16, 1, &r) != NULL;
-  CHECK_MSG(caught, "200 runs with a weakened ring wait found nothing: the model checks too little");
-  caught = 0;
-  for (int rep = 0; rep < 200 && !caught; rep++) caught = bwd_run(&m, 8, 16, 2, &r) != NULL;
-  CHECK_MSG(caught, "200 runs with a weakened chain wait found nothing");
-  CHECK(bwd_run(&m, 8, 16, 0, &r) == NULL);
-  model_free(&m);
+  static const int weak[2] = {1, 2}; /* the ring wait, the weight gradients' chain wait */
+  check_catches(t, bwd_run, 0xb4d, weak, 2);
 }
