@@ -120,7 +120,7 @@ MOK_PHD void mok_plan_tile(const int32_t *offset, const int32_t *count, int num_
 /* Greedy grouping of consecutive items of sizes size[0..n) into groups of at most `cap`
  * (an item larger than cap forms a group alone). Writes the first item of each group to
  * first[0..groups] (first[groups] = n) when first != NULL; returns the group count. */
-MOK_PHD int mok_plan_group(const int32_t *size, int n, int32_t cap, int *first) {
+MOK_PHD int mok_plan_group(const int32_t *size, int n, int32_t cap, int32_t *first) {
   int groups = 0;
   int32_t used = 0;
   for (int i = 0; i < n; i++) {
@@ -193,8 +193,8 @@ MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_
   if (max_units < 1 || mb_rows < max_units * MOK_PLAN_UNIT_ROWS || ring_rows < mb_rows ||
       mb_rows % MOK_PLAN_UNIT_ROWS || ring_rows % MOK_PLAN_UNIT_ROWS)
     return -1;
-  /* tiles, and minibatches as they come (mok_plan_group's rule) */
-  int32_t nt = 0, nmb = 0, used = 0;
+  /* tiles */
+  int32_t nt = 0;
   for (int e = 0; e < num_experts; e++) {
     const int seg = offset[e + 1] - offset[e], c = count ? count[e] : -1, rows = mok_plan_tok_rows(seg, c);
     const int n = mok_plan_tok_split(rows / MOK_PLAN_UNIT_ROWS, max_units);
@@ -205,26 +205,22 @@ MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_
       const int live = (c < 0 ? seg : c) - off;
       p->tile_expert[nt] = e, p->tile_row0[nt] = offset[e] + off, p->tile_rows[nt] = r;
       p->tile_routed[nt] = live < 0 ? 0 : live < r ? live : r;
-      if (nt == 0 || used + r > mb_rows) p->mb_first_tile[nmb++] = nt, used = 0;
-      used += r;
-      p->tile_mb[nt] = nmb - 1;
     }
   }
-  p->mb_first_tile[nmb] = nt;
-  /* macrobatches over the minibatches (the same rule), tiles back to back in the ring */
-  int32_t nmac = 0;
-  used = 0;
+  /* minibatches over the tiles, macrobatches over the minibatches (mok_plan_group; the
+   * minibatches' rows wait in mac_rows), tiles back to back in the ring */
+  const int32_t nmb = mok_plan_group(p->tile_rows, nt, mb_rows, p->mb_first_tile);
   for (int b = 0; b < nmb; b++) {
-    int32_t rows = 0;
-    for (int t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) rows += p->tile_rows[t];
-    if (b == 0 || used + rows > ring_rows) {
-      if (nmac) p->mac_rows[nmac - 1] = used;
-      p->mac_first_mb[nmac++] = b, used = 0;
-    }
-    for (int t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) p->tile_ring[t] = used, used += p->tile_rows[t];
+    p->mac_rows[b] = 0;
+    for (int32_t t = p->mb_first_tile[b]; t < p->mb_first_tile[b + 1]; t++) p->tile_mb[t] = b, p->mac_rows[b] += p->tile_rows[t];
   }
-  if (nmac) p->mac_rows[nmac - 1] = used;
-  p->mac_first_mb[nmac] = nmb;
+  const int32_t nmac = mok_plan_group(p->mac_rows, nmb, ring_rows, p->mac_first_mb);
+  for (int a = 0; a < nmac; a++) {
+    int32_t used = 0;
+    for (int32_t t = p->mb_first_tile[p->mac_first_mb[a]]; t < p->mb_first_tile[p->mac_first_mb[a + 1]]; t++)
+      p->tile_ring[t] = used, used += p->tile_rows[t];
+    p->mac_rows[a] = used;
+  }
   p->num_tiles = nt, p->num_mb = nmb, p->num_mac = nmac;
   /* the orders: the last macrobatch first; comm as the file's comment says */
   int32_t nc = 0, ns = 0;

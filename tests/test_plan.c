@@ -365,7 +365,7 @@ MOK_TEST(plan_token_tiles_cover_routed_rows) {
 
 MOK_TEST(plan_groups_and_ring_fills) {
   int32_t sizes[5] = {128, 64, 128, 128, 64};
-  int first[6];
+  int32_t first[6];
   CHECK(mok_plan_group(sizes, 5, 256, first) == 3);
   CHECK(first[0] == 0 && first[1] == 2 && first[2] == 4 && first[3] == 5);
   CHECK(mok_plan_group(sizes, 0, 256, first) == 0 && first[0] == 0);
