@@ -85,6 +85,13 @@ MOK_PHD int mok_plan_expert_tiles(int seg, int count, int max_units) {
   return mok_plan_tok_split(mok_plan_tok_rows(seg, count) / MOK_PLAN_UNIT_ROWS, max_units);
 }
 
+/* Routed rows of a tile of nt rows at off in a segment of seg rows with count routed rows
+ * (count < 0: every row); the rest are padding. */
+MOK_PHD int mok_plan_tile_routed(int seg, int count, int off, int nt) {
+  const int live = (count < 0 ? seg : count) - off;
+  return live < 0 ? 0 : live < nt ? live : nt;
+}
+
 /* ---- the megakernel's plan over the token tiles ------------------------------------------ */
 
 /* Token tiles over the E segments of offset[0..E] (count[e] routed rows, or count NULL). */
@@ -105,11 +112,10 @@ MOK_PHD void mok_plan_tile(const int32_t *offset, const int32_t *count, int num_
     if (i < n) {
       int off, nt;
       mok_plan_tok_tile(mok_plan_tok_rows(seg, c), max_units, i, &off, &nt);
-      const int live = (c < 0 ? seg : c) - off; /* routed rows from the tile's first row on */
       *expert = e;
       *row0 = offset[e] + off;
       *rows = nt;
-      *routed = live < 0 ? 0 : live < nt ? live : nt;
+      *routed = mok_plan_tile_routed(seg, c, off, nt);
       return;
     }
     i -= n;
@@ -202,9 +208,8 @@ MOK_PHD int mok_plan_build(const int32_t *offset, const int32_t *count, int num_
       if (nt >= max_tiles) return -1;
       int off, r;
       mok_plan_tok_tile(rows, max_units, i, &off, &r);
-      const int live = (c < 0 ? seg : c) - off;
       p->tile_expert[nt] = e, p->tile_row0[nt] = offset[e] + off, p->tile_rows[nt] = r;
-      p->tile_routed[nt] = live < 0 ? 0 : live < r ? live : r;
+      p->tile_routed[nt] = mok_plan_tile_routed(seg, c, off, r);
     }
   }
   /* minibatches over the tiles, macrobatches over the minibatches (mok_plan_group; the

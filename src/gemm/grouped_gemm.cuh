@@ -59,7 +59,7 @@
 #include <stdint.h>
 
 #include "comm.h"                   /* defines: MOK_ERRWORD, MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_* */
-#include "plan.h"                   /* defines: mok_plan_tok_split, mok_plan_tok_tile, mok_plan_tok_rows */
+#include "plan.h"                   /* defines: mok_plan_tok_split, mok_plan_tok_tile, mok_plan_tok_rows_routed */
 #include "gemm/sm90_primitives.cuh" /* defines: mbarrier_*, tma_*, bulk_*, stmatrix_x4, wgmma_* */
 
 namespace mok_sm90 {
