@@ -409,9 +409,18 @@ typedef enum mokImpl {
                           mok's small kernels (permute, SwiGLU, combine). It waits on the host
                           once per forward for the routing counts (every conventional
                           expert-parallel layer does); the backward reuses them. */
-  mokImplNccl = 2      /* the same NCCL exchange with mok's grouped Hopper expert GEMMs (one
+  mokImplNccl = 2,     /* the same NCCL exchange with mok's grouped Hopper expert GEMMs (one
                           launch per GEMM kind over every expert, SwiGLU and its backward
                           fused into the epilogues); sm_90 only (mokNotSupported elsewhere) */
+  mokImplMega = 3      /* the forward megakernel (first step, docs/MEGAKERNEL.md): the schedule
+                          on the device, then dispatch, gate+up (SwiGLU), down and combine in
+                          one persistent launch; no host wait in the forward. So far: one GPU
+                          (num_ranks 1), sm_90, inter % 128 == 0, hidden % 256 == 0, w_up right
+                          after w_gate (else mokNotSupported); the shared expert by cuBLAS before
+                          the launch; the backward is mokImplNccl's (after one host wait). A bad
+                          expert id is found on the device: the forward writes nothing, the
+                          communicator's error word records it (mokCommGetAsyncError:
+                          mokDeviceError; sticky) and the backward refuses. */
 } mokImpl_t;
 
 /* Collective over comm's ranks. A layer whose passes run on GPUs: checks that every rank

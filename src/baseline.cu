@@ -38,6 +38,7 @@
 #include "comm.h"
 #include "gemm.h"
 #include "internal.h"
+#include "schedule_dev.h"
 
 #define NUM_GKINDS 9
 
@@ -91,6 +92,12 @@ struct mok_gpu_layer {
    * launch covers every expert whatever its rows. */
   mokImpl_t fwd_impl;
   int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
+  /* mokImplMega (one GPU): the device schedule's arrays; host_stale: the host copies of the
+   * schedule (seg_cnt, seg_off, send/recv counts) and y_ret are not filled (the backward
+   * fetches them) */
+  int32_t *d_route_row, *d_row_tok, *d_bad;
+  int host_stale;
+  int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -102,6 +109,9 @@ struct mok_gpu_layer {
   int64_t *send_cnt, *send_base, *recv_cnt, *recv_base; /* [N] rows */
   int32_t *seg_cnt, *seg_off;                           /* [E_l], [E_l + 1] */
 };
+
+/* mokImplMega: comm CTAs of the forward megakernel (dispatch, then combine with the rest). */
+#define MEGA_COMM_CTAS 16
 
 /* ---- kernels -------------------------------------------------------------------- */
 /* Rows are H bf16 = H/8 uint4 (H is a multiple of 64). One block per row slice. */
@@ -203,6 +213,43 @@ __global__ void k_combine(const Tb *__restrict__ base, const uint16_t *__restric
         acc += w ? w[t * k + j] * v : v;
       }
       out[t * H + h] = mok_f32_to_bf16(acc);
+    }
+}
+
+/* mokImplMega's combine: out[t] = bf16(base[t] + sum_j w[t,j] * y[row[t,j]]) straight
+ * from the padded y (row: the route's row, -1 = empty slot), 8 columns a thread; the
+ * same operations in the same order as k_combine (so bitwise its result). Nothing when
+ * *bad (the device schedule refused the routes). */
+__global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__restrict__ y,
+                               const int32_t *__restrict__ row, const float *__restrict__ w, int T, int k, int row_u4,
+                               const int32_t *bad, uint4 *__restrict__ out) {
+  if (*(const volatile int32_t *)bad) return; /* the schedule refused the routes: out stays as it was */
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
+    for (int u = threadIdx.x; u < row_u4; u += blockDim.x) {
+      float acc[8];
+      if (base) {
+        const uint4 b = base[t * row_u4 + u];
+        const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+        for (int q = 0; q < 4; q++)
+          acc[2 * q] = mok_bf16_to_f32((uint16_t)(bw[q] & 0xffffu)), acc[2 * q + 1] = mok_bf16_to_f32((uint16_t)(bw[q] >> 16));
+      } else {
+        for (int q = 0; q < 8; q++) acc[q] = 0.f;
+      }
+      for (int j = 0; j < k; j++) {
+        const int32_t r = row[t * k + j];
+        if (r < 0) continue;
+        const float wt = w[t * k + j];
+        const uint4 v = y[(int64_t)r * row_u4 + u];
+        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+        for (int q = 0; q < 4; q++) {
+          acc[2 * q] += wt * mok_bf16_to_f32((uint16_t)(vw[q] & 0xffffu));
+          acc[2 * q + 1] += wt * mok_bf16_to_f32((uint16_t)(vw[q] >> 16));
+        }
+      }
+      uint32_t ow[4];
+      for (int q = 0; q < 4; q++)
+        ow[q] = (uint32_t)mok_f32_to_bf16(acc[2 * q]) | (uint32_t)mok_f32_to_bf16(acc[2 * q + 1]) << 16;
+      out[t * row_u4 + u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
     }
 }
 
@@ -472,6 +519,9 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFreeHost(g->h_ptrs);
   cudaFree(g->d_ptrs);
   cudaFree(g->d_seg);
+  cudaFree(g->d_route_row);
+  cudaFree(g->d_row_tok);
+  cudaFree(g->d_bad);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -546,6 +596,17 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   int major = 0;
   CUDA_CHECK(l, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, g->device));
   g->sm90 = major == 9;
+  if (cudaMalloc((void **)&g->d_route_row, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
+      cudaMalloc((void **)&g->d_row_tok, 4 * (size_t)cap) != cudaSuccess ||
+      cudaMalloc((void **)&g->d_bad, sizeof(int32_t)) != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
+  }
+  {
+    const char *cc = getenv("MOK_MEGA_COMM_CTAS");
+    g->mega_comm_ctas = cc ? atoi(cc) : 0;
+    if (g->mega_comm_ctas < 1) g->mega_comm_ctas = MEGA_COMM_CTAS;
+  }
   if (cudaMalloc((void **)&g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1)) != cudaSuccess) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
@@ -626,11 +687,25 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
   if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
   if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only); "
                                 "use mokLayerCreateOnComm for GPU passes", fn);
-  if (impl != mokImplAuto && impl != mokImplBaseline && impl != mokImplNccl)
-    return mok_error(l, mokInvalidArgument, "%s: impl %d is not built (mokImplAuto, mokImplBaseline, mokImplNccl)", fn,
-                     (int)impl);
-  if (impl == mokImplNccl && !l->gpu->sm90)
-    return mok_error(l, mokNotSupported, "%s: mokImplNccl needs a Hopper GPU (sm_90); use mokImplBaseline", fn);
+  if (impl != mokImplAuto && impl != mokImplBaseline && impl != mokImplNccl && impl != mokImplMega)
+    return mok_error(l, mokInvalidArgument, "%s: impl %d is not built (mokImplAuto, mokImplBaseline, mokImplNccl, "
+                     "mokImplMega)", fn, (int)impl);
+  if ((impl == mokImplNccl || impl == mokImplMega) && !l->gpu->sm90)
+    return mok_error(l, mokNotSupported, "%s: %s needs a Hopper GPU (sm_90); use mokImplBaseline", fn,
+                     impl == mokImplNccl ? "mokImplNccl" : "mokImplMega");
+  if (impl == mokImplMega) {
+    const mokConfig_t *c = &l->cfg;
+    if (c->num_ranks != 1)
+      return mok_error(l, mokNotSupported, "%s: mokImplMega runs on one GPU so far (num_ranks %d); use mokImplNccl", fn,
+                       c->num_ranks);
+    if (c->inter % 128 || c->hidden % 256 || c->num_experts > MOK_SCHEDULE_LOCAL_MAX_EXPERTS)
+      return mok_error(l, mokNotSupported, "%s: mokImplMega needs inter %% 128 == 0, hidden %% 256 == 0 and at most %d "
+                       "experts (inter %d, hidden %d, experts %d); use mokImplNccl", fn,
+                       MOK_SCHEDULE_LOCAL_MAX_EXPERTS, c->inter, c->hidden, c->num_experts);
+    if (w && w->w_gate && w->w_up != w->w_gate + (size_t)l->local_experts * c->inter * c->hidden)
+      return mok_error(l, mokNotSupported, "%s: mokImplMega needs weights->w_up to lie right after w_gate (one "
+                       "allocation [W_gate | W_up], see mokRankWeights_t); use mokImplNccl", fn);
+  }
   if (!in) return mok_error(l, mokInvalidArgument, "%s: input is NULL", fn);
   if (!w) return mok_error(l, mokInvalidArgument, "%s: weights is NULL", fn);
   const mokConfig_t *c = &l->cfg;
@@ -651,6 +726,100 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
+/* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
+static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
+  const float L = c->swiglu_limit;
+  if (!Is || !T) return mokSuccess;
+  cublasHandle_t cb = g->cublas;
+  CUBLAS_CHECK(l, cublasSetStream(cb, st));
+  if (L > 0) {
+    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu32, F32, 2 * Is, 0.f));
+    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu32 + Is, F32, 2 * Is, 0.f));
+    k_swiglu_fwd<float><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu32, T, Is, L, g->s_act, g->s_gu);
+  } else {
+    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu, BF, 2 * Is, 0.f));
+    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu + Is, BF, 2 * Is, 0.f));
+    k_swiglu_fwd<uint16_t><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu, T, Is, 0.f, g->s_act, NULL);
+  }
+  CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, H, Is, g->s_act, BF, Is, w->s_down, BF, Is, g->s_y, BF, H, 0.f));
+  return mokSuccess;
+}
+
+/* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the shared expert
+ * (cuBLAS), the forward megakernel (dispatch, gate+up, down in one launch,
+ * gemm/ffn_fwd.cuh), then the combine (k_combine_rows; not yet inside the megakernel,
+ * see ffn_fwd.cuh). No host wait: a bad expert id is found on the device (the schedule
+ * records it in the communicator's error word, mokCommGetAsyncError reports it, the
+ * megakernel writes nothing and the backward refuses). */
+static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, T = in->num_tokens;
+  g->fwd_valid = 0;
+  mokGemmRows_t rows;
+  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
+  mokLocalSchedule_t s;
+  memset(&s, 0, sizeof s);
+  s.topk_idx = in->topk_idx;
+  s.num_tokens = T, s.topk = c->topk, s.num_experts = El, s.row_pad = c->row_pad;
+  s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
+  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
+  s.bad = g->d_bad, s.error_word = rows.error_word, s.rank = rows.rank;
+  prof_mark(g, "start", st);
+  MOK_CHECK(mok_schedule_local_launch(&s, st));
+  prof_mark(g, "schedule", st);
+  MOK_CHECK(shared_forward(l, in, w, st));
+  prof_mark(g, "shared", st);
+  mokFfnMega_t m;
+  memset(&m, 0, sizeof m);
+  m.x = T ? in->x : NULL, m.row_tok = g->d_row_tok, m.bad = g->d_bad, m.comm_ctas = g->mega_comm_ctas;
+  MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
+                              g->yp, &m, st));
+  prof_mark(g, "megakernel", st);
+  if (T)
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
+                                                   g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
+                                                   (uint4 *)out);
+  CUDA_CHECK(l, cudaGetLastError());
+  prof_mark(g, "combine", st);
+  prof_report(g, "fwd", rows.rank);
+  g->host_stale = 1;
+  g->fwd_valid = 1;
+  g->fwd_tokens = T;
+  return mokSuccess;
+}
+
+/* Before a backward of mokImplMega's forward (the stream was synchronised): the schedule
+ * to the host as the baseline's forward leaves it, y_ret (send order) from the padded y;
+ * a forward whose input the device schedule refused is refused here. */
+static mokResult_t mega_backward_prologue(mokLayer_t l, cudaStream_t st) {
+  static const char fn[] = "mokLayerBackward";
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts, H = l->cfg.hidden;
+  int32_t bad = 0;
+  CUDA_CHECK(l, cudaMemcpy(&bad, g->d_bad, sizeof bad, cudaMemcpyDeviceToHost));
+  if (bad) {
+    g->fwd_valid = 0;
+    return mok_error(l, mokInvalidArgument, "%s: the forward's topk_idx held an expert id outside [-1, %d) (found on "
+                     "the device; the forward wrote nothing, mokCommGetAsyncError reports where)", fn,
+                     l->cfg.num_experts);
+  }
+  CUDA_CHECK(l, cudaMemcpy(g->seg_cnt, g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1), cudaMemcpyDeviceToHost));
+  int64_t routes = 0;
+  for (int e = 0; e < El; e++) routes += g->seg_cnt[e];
+  g->send_cnt[0] = g->recv_cnt[0] = routes;
+  g->send_base[0] = g->recv_base[0] = 0;
+  const int64_t rows = g->seg_off[El];
+  if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(g->yp, g->d_map, rows, H, g->yret);
+  CUDA_CHECK(l, cudaGetLastError());
+  g->host_stale = 0;
+  return mokSuccess;
+}
+
 static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
                                     cudaStream_t st) {
   static const char fn[] = "mokLayerForward";
@@ -665,6 +834,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
   g->fwd_valid = 0;
+  g->host_stale = 0;
 
   prof_mark(g, "start", st);
   /* 1. routing to the host (the baseline's one wait), counts and send positions */
@@ -776,18 +946,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
                             2 * (size_t)H, st));
   prof_mark(g, "scatter+a2a", st);
   /* 7. shared expert and combine */
-  if (Is && T) {
-    if (L > 0) {
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu32, F32, 2 * Is, 0.f));
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu32 + Is, F32, 2 * Is, 0.f));
-      k_swiglu_fwd<float><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu32, T, Is, L, g->s_act, g->s_gu);
-    } else {
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_gate, BF, H, g->s_gu, BF, 2 * Is, 0.f));
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, Is, H, in->x, BF, H, w->s_up, BF, H, g->s_gu + Is, BF, 2 * Is, 0.f));
-      k_swiglu_fwd<uint16_t><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu, T, Is, 0.f, g->s_act, NULL);
-    }
-    CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, H, Is, g->s_act, BF, Is, w->s_down, BF, Is, g->s_y, BF, H, 0.f));
-  }
+  MOK_CHECK(shared_forward(l, in, w, st));
   if (T)
     k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_y : NULL, g->yret, g->d_pos, in->topk_w, T, k, H,
                                                         out);
@@ -831,7 +990,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
-  if (g->fwd_impl == mokImplNccl) {
+  if (g->fwd_impl != mokImplBaseline) { /* mok's GEMMs (mokImplNccl, mokImplMega) */
     mokGemmRows_t grows;
     MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
     mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
@@ -944,7 +1103,10 @@ static mokImpl_t resolve_impl(mokLayer_t l, mokImpl_t impl) {
   return impl;
 }
 static const char *impl_name(mokImpl_t impl) {
-  return impl == mokImplNccl ? "mokImplNccl" : impl == mokImplBaseline ? "mokImplBaseline" : "mokImplAuto";
+  return impl == mokImplNccl       ? "mokImplNccl"
+         : impl == mokImplBaseline ? "mokImplBaseline"
+         : impl == mokImplMega     ? "mokImplMega"
+                                   : "mokImplAuto";
 }
 
 extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
@@ -958,7 +1120,7 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
-    rc = baseline_forward(l, in, w, out, st);
+    rc = l->gpu->fwd_impl == mokImplMega ? mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
   }
   else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
   if (prev >= 0) cudaSetDevice(prev);
@@ -1002,6 +1164,7 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     else if (first_bad >= 0)
       rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its backward input; nothing was written", fn, first_bad);
   }
+  if (rc == mokSuccess && l->gpu->host_stale) rc = mega_backward_prologue(l, st);
   if (rc == mokSuccess) rc = baseline_backward(l, in, w, d_out, gr, st);
   if (prev >= 0) cudaSetDevice(prev);
   return rc;

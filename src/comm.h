@@ -90,7 +90,9 @@ typedef struct mokCommDev {
   X(MOK_WAIT_GEMM_LOAD, 5, "expert GEMM: wait for a stage's TMA load", "tile")          \
   X(MOK_WAIT_GEMM_SLOT, 6, "expert GEMM: wait for a free pipeline stage", "tile")       \
   X(MOK_WAIT_GEMM_SCHED, 7, "expert GEMM: wait for the tile scheduler", "slot")        \
-  X(MOK_WAIT_GEMM_DEP, 8, "expert GEMM: wait for the tiles a tile reads (fused forward: an expert's gate+up tiles)", "expert")
+  X(MOK_WAIT_GEMM_DEP, 8, "expert GEMM: wait for the tiles a tile reads (fused forward: an expert's gate+up tiles)", "expert") \
+  X(MOK_WAIT_MEGA_X, 9, "forward megakernel: wait for an expert's dispatched token rows", "expert")        \
+  X(MOK_WAIT_SCHED_INPUT, 10, "device schedule: topk_idx holds an id outside [-1, E)", "route")
 #define MOK_WAIT_ENUM_(name, value, text, where) name = value,
 enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
 #undef MOK_WAIT_ENUM_

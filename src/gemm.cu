@@ -818,6 +818,43 @@ extern "C" mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, i
   return mokSuccess;
 }
 
+/* gemm_ffn.cu: the megakernel's launch of these arguments (finished, error word set) */
+mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const mokFfnMega_t *mega,
+                                     mokBf16 *xg, int hidden, cudaStream_t stream);
+
+extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                         mokBf16 *xg, const mokBf16 *w_gate, const mokBf16 *w_up,
+                                         const mokBf16 *w_down, mokBf16 *act, mokBf16 *gu, mokBf16 *y,
+                                         const mokFfnMega_t *mega, cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_ffn_mega";
+  if (!mega) return mok_error(NULL, mokInvalidArgument, "%s: mega is NULL", fn);
+  if (mega->comm_ctas < 1)
+    return mok_error(NULL, mokInvalidArgument, "%s: comm_ctas %d (need >= 1)", fn, mega->comm_ctas);
+  MOK_CHECK(check_ptr(fn, "row_tok", mega->row_tok));
+  MOK_CHECK(check_ptr(fn, "bad", mega->bad));
+  if (mega->x) MOK_CHECK(check_ptr(fn, "mega->x", mega->x)); /* (NULL: no tokens, every row padding) */
+  GemmTileArgs ga, da;
+  mokGemmTileShape_t tg, td;
+  int pairs = 0;
+  MOK_CHECK(check_ptr(fn, "w_down", w_down));
+  MOK_CHECK(check_ptr(fn, "y", y));
+  MOK_CHECK(gateup_fwd_args(fn, rows, hidden, inter, swiglu_limit, xg, w_gate, w_up, act, gu, ga, tg));
+  MOK_CHECK(down_fwd_args(fn, rows, hidden, inter, act, w_down, y, da, td, pairs));
+  finish_args(ga, rows, kGateUpFwd, 1);
+  finish_args(da, rows, kDownFwd, 1);
+  if (!tg.token || !td.token)
+    return mok_error(NULL, mokNotSupported, "%s: needs token tiles for both GEMMs (inter %% 128 == 0 and hidden %% 256 "
+                     "== 0; here inter %d, hidden %d)", fn, inter, hidden);
+  if (!tok_lean<kGateUpFwd>(ga) || !tok_lean<kDownFwd>(da))
+    return mok_error(NULL, mokNotSupported, "%s: needs W_up to lie right after W_gate (one allocation [W_gate | "
+                     "W_up], mok.h) and no GEMM diagnostic or knob that the lean kernel lacks", fn);
+  if (pairs) da.tm_b1 = da.tm_b0; /* (the megakernel runs no CTA pairs) */
+  MOK_CHECK(take_sched_slot(ga, rows));
+  da.sched = ga.sched;
+  da.error_word = ga.error_word;
+  return mok_gemm_ffn_mega_launch(ga, da, mega, xg, hidden, stream);
+}
+
 extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
                                            const mokBf16 *dy, const mokBf16 *w_down, const mokBf16 *gu,
                                            mokBf16 *dgu, cudaStream_t stream) {

@@ -110,6 +110,27 @@ mokResult_t mok_gemm_down_fwd(const mokGemmRows_t *rows, int hidden, int inter, 
 mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
                              const mokBf16 *x, const mokBf16 *w_gate, const mokBf16 *w_up, const mokBf16 *w_down,
                              mokBf16 *act, mokBf16 *gu, mokBf16 *y, cudaStream_t stream);
+/* The forward megakernel's part beyond the two GEMMs (src/gemm/ffn_fwd.cuh, FfnMega):
+ * its last comm_ctas CTAs dispatch x's rows into the rows operand xg (row_tok: the token
+ * of every row in use, -1 on padding rows, which get zeros), and the gate+up tiles of an
+ * expert start once all its rows are there. */
+typedef struct mokFfnMega {
+  const mokBf16 *x;          /* [tokens, H] (device; NULL only when every row is padding) */
+  const int32_t *row_tok;    /* [capacity] (device; rows past expert_offset[E_l] unread) */
+  const int32_t *bad;        /* device flag: nonzero = the schedule refused its input, the
+                                launch writes nothing */
+  int comm_ctas;             /* 1 .. SMs - 1 */
+} mokFfnMega_t;
+
+/* The forward megakernel's expert part on one GPU (EP1): dispatch, gate+up (SwiGLU) and
+ * down in one persistent launch; act, gu and y bitwise mok_gemm_ffn_fwd's on the same
+ * rows; xg is written (the gathered rows, saved for the backward). Needs token tiles for
+ * both kinds (I % 128 == 0, H % 256 == 0), W_up right after W_gate (mok.h's layout hint)
+ * and no GEMM diagnostics on: else mokNotSupported. */
+mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit, mokBf16 *xg,
+                              const mokBf16 *w_gate, const mokBf16 *w_up, const mokBf16 *w_down, mokBf16 *act,
+                              mokBf16 *gu, mokBf16 *y, const mokFfnMega_t *mega, cudaStream_t stream);
+
 /* Backward: data gradient through W_down with the SwiGLU backward epilogue. */
 mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
                                 const mokBf16 *dy, const mokBf16 *w_down, const mokBf16 *gu,

@@ -6,6 +6,7 @@
 #include "gemm.h"
 
 #include <cuda_runtime.h>
+#include <string.h>
 
 #include "gemm/ffn_fwd.cuh" /* defines: mok_sm90::ffn_fwd_kernel, FfnArgs */
 #include "internal.h"       /* defines: mok_error, CUDA_CHECK */
@@ -36,6 +37,7 @@ mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, 
   void (*kernel)(FfnArgs) = ring128 ? ffn_fwd_kernel<kTokRing128> : ffn_fwd_kernel<kTokMaxUnits>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FfnArgs f;
+  memset(&f, 0, sizeof f);
   f.gu = gu;
   f.dn = dn;
   void *ready = nullptr;
@@ -44,6 +46,49 @@ mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, 
                                                (__atomic_fetch_add(&g_ffn_next, 1u, __ATOMIC_RELAXED) % kFfnRing);
   const int64_t grid = max_tiles < 1 ? 1 : max_tiles < sms ? max_tiles : sms;
   kernel<<<(unsigned)grid, kThreads, (size_t)smem, stream>>>(f);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+/* The megakernel's counters: the fused launch's, then x_ready[E] and the dispatch ticket
+ * (ffn_fwd.cuh: mega_ctr), a ring of slots as above. */
+__device__ uint32_t g_mega_ready[kFfnRing][2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters];
+static unsigned g_mega_next; /* __atomic_* */
+
+mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const mokFfnMega_t *mega,
+                                     mokBf16 *xg, int hidden, cudaStream_t stream) {
+  int dev = 0, sms = 0, major = 0, optin = 0;
+  CUDA_CHECK(NULL, cudaGetDevice(&dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
+  if (major != 9)
+    return mok_error(NULL, mokNotSupported, "forward megakernel: needs a Hopper GPU (sm_90a), device %d is sm_%d", dev,
+                     major * 10);
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  if (mega->comm_ctas >= sms)
+    return mok_error(NULL, mokInvalidArgument, "forward megakernel: comm_ctas %d leaves no CTA for the tiles (%d SMs)",
+                     mega->comm_ctas, sms);
+  const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
+  if (smem > optin)
+    return mok_error(NULL, mokNotSupported, "forward megakernel: needs %d bytes of shared memory per block, device has %d",
+                     smem, optin);
+  void (*kernel)(FfnArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
+  CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  FfnArgs f;
+  memset(&f, 0, sizeof f);
+  f.gu = gu;
+  f.dn = dn;
+  void *ready = nullptr;
+  CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_mega_ready));
+  f.ready = static_cast<uint32_t *>(ready) + (size_t)(2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters) *
+                                               (__atomic_fetch_add(&g_mega_next, 1u, __ATOMIC_RELAXED) % kFfnRing);
+  f.m.src = reinterpret_cast<const uint4 *>(mega->x);
+  f.m.xg = reinterpret_cast<uint4 *>(xg);
+  f.m.row_tok = mega->row_tok;
+  f.m.bad = mega->bad;
+  f.m.row_u4 = hidden / 8;
+  f.m.comm_ctas = mega->comm_ctas;
+  kernel<<<(unsigned)sms, kThreads, (size_t)smem, stream>>>(f);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
 }

@@ -47,7 +47,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"info --verbose", "unknown argument"},
       {"bench", "usage"},
       {"bench tea", "unknown benchmark"},
-      {"bench layer --impl magic", "--impl 'magic' is not built (auto, nccl, baseline)"},
+      {"bench layer --impl magic", "--impl 'magic' is not built (auto, nccl, baseline, mega)"},
       {"bench layer --impl nccl,cpu", "--impl 'cpu' is not built"},
       {"bench layer --routing sideways", "bad --routing"},
   };

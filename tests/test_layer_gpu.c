@@ -118,6 +118,17 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   c->dw[s] = (mokRankWeights_t){to_dev(c->w[s].w_gate, 2 * wgu), to_dev(c->w[s].w_up, 2 * wgu),
                                 to_dev(c->w[s].w_down, 2 * wgu), Is ? to_dev(c->w[s].s_gate, 2 * sgu) : NULL,
                                 Is ? to_dev(c->w[s].s_up, 2 * sgu) : NULL, Is ? to_dev(c->w[s].s_down, 2 * sgu) : NULL};
+  if (c->impl == mokImplMega) { /* it needs [W_gate | W_up] in one allocation (mok.h) */
+    cudaFree((void *)c->dw[s].w_gate);
+    cudaFree((void *)c->dw[s].w_up);
+    mokBf16 *gu = to_dev(NULL, 4 * wgu);
+    if (gu) {
+      cudaMemcpy(gu, c->w[s].w_gate, 2 * wgu, cudaMemcpyHostToDevice);
+      cudaMemcpy(gu + wgu, c->w[s].w_up, 2 * wgu, cudaMemcpyHostToDevice);
+    }
+    c->dw[s].w_gate = gu;
+    c->dw[s].w_up = gu ? gu + wgu : NULL;
+  }
   c->dout_d[s] = to_dev(c->dout[s], 2 * th);
   c->out_d[s] = to_dev(NULL, 2 * th);
   c->dg[s] = (mokRankGrads_t){to_dev(NULL, 2 * th), to_dev(NULL, 4 * tk), to_dev(NULL, gsz(c) * wgu),
@@ -147,7 +158,7 @@ static mokResult_t rank_free(mokComm_t comm, int s, void *arg) {
   (void)comm;
   mokLayerDestroy(c->layer[s]);
   void *p[] = {(void *)c->din[s].x, (void *)c->din[s].topk_idx, (void *)c->din[s].topk_w, (void *)c->dw[s].w_gate,
-               (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate, (void *)c->dw[s].s_up,
+               c->impl == mokImplMega ? NULL : (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate, (void *)c->dw[s].s_up,
                (void *)c->dw[s].s_down, c->dout_d[s], c->out_d[s], c->dg[s].d_x, c->dg[s].d_topk_w, c->dg[s].d_w_gate,
                c->dg[s].d_w_up, c->dg[s].d_w_down, c->dg[s].d_s_gate, c->dg[s].d_s_up, c->dg[s].d_s_down};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
@@ -219,6 +230,80 @@ MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2, mokI
  * (mokImplNccl; what mokImplAuto runs on Hopper). */
 MOK_GPU_TEST(layer_nccl_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplNccl); }
 MOK_GPU_TEST(layer_nccl_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplNccl); }
+
+/* The forward megakernel (one GPU so far) on the same cases. */
+MOK_GPU_TEST(layer_mega_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplMega); }
+
+/* mokImplMega against mokImplNccl on the same data: the same GEMM tiles, the same combine
+ * operations and the same backward, so every output bitwise equal. */
+static int fetch(void *h, const void *d, size_t bytes) { return cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost) == cudaSuccess; }
+
+MOK_GPU_TEST(layer_mega_bitwise_nccl_1gpu, 1) {
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  static const int modes[] = {RT_RANDOM, RT_DUP_EMPTY, RT_UNEVEN};
+  for (int mi = 0; mi < 3 && !t->failed; mi++) {
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init(c, 1, modes[mi], mi == 1 ? 1.0f : 0.f, mokDtypeBF16, test_seed() ^ (uint64_t)(77 + mi)));
+    const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, T = c->T[0], El = c->El;
+    const size_t sizes[] = {2 * (size_t)T * H, 2 * (size_t)T * H, 4 * (size_t)T * k, 2 * (size_t)El * I * H,
+                            2 * (size_t)El * I * H, 2 * (size_t)El * I * H, 2 * (size_t)Is * H};
+    static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate"};
+    void *got[2][7] = {{0}};
+    for (int pass = 0; pass < 2 && !t->failed; pass++) {
+      c->impl = pass ? mokImplMega : mokImplNccl;
+      mokResult_t rc = mokLocalRun(1, &comm, rank_run, c);
+      CHECK_MSG(rc == mokSuccess, "%s: %s", pass ? "mega" : "nccl", mokGetLastError());
+      const void *src[] = {c->out_d[0], c->dg[0].d_x, c->dg[0].d_topk_w, c->dg[0].d_w_gate, c->dg[0].d_w_up,
+                           c->dg[0].d_w_down, c->dg[0].d_s_gate};
+      for (int q = 0; q < 7; q++) {
+        got[pass][q] = malloc(sizes[q] + 4);
+        if (sizes[q] && rc == mokSuccess) CHECK(fetch(got[pass][q], src[q], sizes[q]));
+      }
+      mokLocalRun(1, &comm, rank_free, c);
+    }
+    for (int q = 0; q < 7 && !t->failed; q++)
+      CHECK_MSG(!sizes[q] || memcmp(got[0][q], got[1][q], sizes[q]) == 0, "case %d: %s differs between mokImplMega and "
+                "mokImplNccl", mi, names[q]);
+    for (int q = 0; q < 7; q++) free(got[0][q]), free(got[1][q]);
+    case_free(c);
+    free(c);
+  }
+  mokLocalCommsDestroy(1, &comm);
+}
+
+/* A bad expert id under mokImplMega is found on the device: the forward returns (no host
+ * wait) but writes nothing, the backward refuses, the communicator reports mokDeviceError. */
+MOK_GPU_TEST(layer_mega_bad_id_writes_nothing, 1) {
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xbad));
+  c->impl = mokImplMega;
+  CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+  const int H = c->cfg.hidden, T = c->T[0];
+  mokBf16 *poison = malloc(2 * (size_t)T * H), *after = malloc(2 * (size_t)T * H);
+  memset(poison, 0x77, 2 * (size_t)T * H);
+  cudaMemcpy(c->out_d[0], poison, 2 * (size_t)T * H, cudaMemcpyHostToDevice);
+  int32_t bad = c->cfg.num_experts;
+  cudaMemcpy((int32_t *)c->din[0].topk_idx + 5, &bad, 4, cudaMemcpyHostToDevice);
+  mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], 0);
+  cudaDeviceSynchronize();
+  cudaMemcpy(after, c->out_d[0], 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
+  mokResult_t bwd = mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], 0);
+  mokResult_t async = mokSuccess;
+  CHECK_OK(mokCommGetAsyncError(comm, &async));
+  CHECK_MSG(fwd == mokSuccess, "forward gave %s (it finds the bad id on the device)", mokGetErrorName(fwd));
+  CHECK_MSG(memcmp(poison, after, 2 * (size_t)T * H) == 0, "out was written after a bad expert id");
+  CHECK_MSG(bwd == mokInvalidArgument, "backward gave %s", mokGetErrorName(bwd));
+  CHECK_MSG(async == mokDeviceError, "mokCommGetAsyncError gave %s", mokGetErrorName(async));
+  CHECK(strstr(mokCommGetLastError(comm), "topk_idx") != NULL);
+  free(poison), free(after);
+  mokLocalRun(1, &comm, rank_free, c);
+  case_free(c);
+  free(c);
+  mokLocalCommsDestroy(1, &comm);
+}
 
 /* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
 typedef struct {

@@ -354,7 +354,8 @@ static void usage(void) {
          "  Times forward and forward+backward of the MoE layer on N local GPUs (EP over N ranks;\n"
          "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n"
          "  --impl: one or more of auto, nccl (NCCL all-to-all + mok's grouped Hopper GEMMs) and\n"
-         "  baseline (NCCL all-to-all + cuBLAS), each timed on the same data, side by side.\n");
+         "  baseline (NCCL all-to-all + cuBLAS) and mega (the forward megakernel, one GPU so far),\n"
+         "  each timed on the same data, side by side.\n");
 }
 
 int mok_bench_layer_main(int argc, char **argv) {
@@ -397,9 +398,10 @@ int mok_bench_layer_main(int argc, char **argv) {
     if (!strcmp(impl_names[q], "auto")) impls[q] = mokImplAuto;
     else if (!strcmp(impl_names[q], "nccl")) impls[q] = mokImplNccl;
     else if (!strcmp(impl_names[q], "baseline")) impls[q] = mokImplBaseline;
-    else return fprintf(stderr, "mok bench layer: --impl '%s' is not built (auto, nccl, baseline)\n", impl_names[q]), 2;
+    else if (!strcmp(impl_names[q], "mega")) impls[q] = mokImplMega;
+    else return fprintf(stderr, "mok bench layer: --impl '%s' is not built (auto, nccl, baseline, mega)\n", impl_names[q]), 2;
   }
-  if (ni == 0) return fprintf(stderr, "mok bench layer: --impl needs at least one of auto, nccl, baseline\n"), 2;
+  if (ni == 0) return fprintf(stderr, "mok bench layer: --impl needs at least one of auto, nccl, baseline, mega\n"), 2;
   int visible = 0;
   if (cudaGetDeviceCount(&visible) != cudaSuccess || visible == 0)
     return fprintf(stderr, "mok bench layer: no CUDA GPU found; this benchmark needs GPUs\n"), 2;

@@ -37,10 +37,28 @@
 #ifndef MOK_GEMM_FFN_FWD_CUH
 #define MOK_GEMM_FFN_FWD_CUH
 
+#include "bf16.h"            /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "comm_device.cuh" /* defines: ld_acquire_gpu_u32, red_release_gpu_add_u32 */
 #include "gemm/grouped_gemm.cuh"
 
 namespace mok_sm90 {
+
+/* The forward megakernel's own part (ffn_fwd_kernel<RING, true>; docs/MEGAKERNEL.md): its
+ * last comm_ctas CTAs dispatch the token rows into the gate+up tiles' rows operand, an
+ * expert's segment at a time in chunks of kMegaChunk rows (zeros on padding rows), and
+ * count them per expert (x_ready); a gate+up tile of expert e waits for all of e's rows.
+ * The combine is not in this kernel yet: with it (read by any warp of the kernel, comm
+ * CTA or consumer) ptxas serialised every wgmma (C7514; session 27), so the layer runs it
+ * as the next launch. */
+struct FfnMega {
+  const uint4 *src;         /* [T, H] the tokens (row_u4 uint4 a row) */
+  uint4 *xg;                /* [capacity, H] the rows operand of gu's tensor maps */
+  const int32_t *row_tok;   /* [capacity] the token of each row, -1 on padding rows */
+  const int32_t *bad;       /* the schedule refused its input: the launch writes nothing */
+  int row_u4;
+  int comm_ctas;            /* the grid's last comm_ctas CTAs: the dispatch */
+};
+constexpr int kMegaChunk = 8; /* rows a dispatch ticket (segments are multiples of 64) */
 
 struct FfnArgs {
   GemmTileArgs gu; /* gate+up token tiles (gemm.cu builds both as for their own launches) */
@@ -48,12 +66,23 @@ struct FfnArgs {
                       read are gu's (the same values); neither sched is used */
   uint32_t *ready; /* [num_experts] gate+up warpgroup tiles stored, then kFfnCounters
                       counters (FfnCtr); all zero before the launch, zeroed again by the
-                      last of the CTAs' 3 roles to leave */
+                      last of the CTAs' 3 roles to leave; the megakernel's after them:
+                      x_ready[num_experts], the dispatch ticket, a spare */
+  FfnMega m;       /* the megakernel only */
 };
 /* The launch's counters after ready[num_experts]: the next ticket of each phase (0 gate+up,
  * 1 down) and class (0: experts of several tiles an output block, or all experts without
  * the split; 1: the one-tile experts of the split mix order), and the roles that left. */
 enum FfnCtr { kCtrTicket = 0, kCtrLeft = 4, kFfnCounters = 8 };
+/* The megakernel's counters: x_ready[num_experts], then the dispatch ticket (and one spare). */
+__device__ __forceinline__ uint32_t *mega_ctr(const FfnArgs &f) { return f.ready + f.gu.num_experts + kFfnCounters; }
+constexpr int kMegaCounters = 2;
+/* The CTAs that run tiles: all, or (megakernel) all but the comm CTAs, which are the last. */
+template <bool MEGA>
+__device__ __forceinline__ int ffn_ctas(const FfnArgs &f) {
+  if constexpr (MEGA) return (int)gridDim.x - f.m.comm_ctas;
+  else return (int)gridDim.x;
+}
 
 /* The ring of RING-unit stages (kTokMaxUnits: 176 rows; kTokRing128: 128 rows and an
  * epilogue area, tiles of <= 128 rows), one layout for both kinds. */
@@ -83,18 +112,18 @@ __device__ __forceinline__ int ffn_kind_tiles(const GemmTileArgs &a, bool stagge
   return t;
 }
 
-/* The producer, before a down tile of expert e: every gate+up tile of e stored (both
- * warpgroups' arrivals), bounded like bar_wait; then its loads may read act. */
-__device__ __forceinline__ bool ffn_wait_gateup(const FfnArgs &f, int e, bool stagger, WaitCtx &w) {
-  const uint32_t need = 2u * (uint32_t)ffn_expert_tiles<kGateUpFwd>(f.gu, e, stagger);
-  bool ok = ld_acquire_gpu_u32(f.ready + e) >= need;
+/* Until *ctr >= need (ld.acquire.gpu), bounded like bar_wait: on expiry the error word
+ * gets MOK_ERRWORD(TIMEOUT, what, rank, where); false once this or another wait failed. */
+__device__ __forceinline__ bool ffn_wait_geq(const uint32_t *ctr, uint32_t need, uint32_t what, uint32_t where,
+                                             WaitCtx &w) {
+  bool ok = ld_acquire_gpu_u32(ctr) >= need;
   if (!ok && !w.dead) {
     const unsigned long long start = globaltimer_u64();
     for (uint32_t ns = 32;; ns = ns < 1024 ? 2 * ns : 1024) {
-      if ((ok = ld_acquire_gpu_u32(f.ready + e) >= need)) break;
+      if ((ok = ld_acquire_gpu_u32(ctr) >= need)) break;
       if (*reinterpret_cast<volatile unsigned long long *>(w.err) != 0ull) break;
       if (globaltimer_u64() - start > w.timeout_ns) {
-        atomicCAS(w.err, 0ull, MOK_ERRWORD(MOK_DEVERR_TIMEOUT, MOK_WAIT_GEMM_DEP, w.rank, (uint32_t)e));
+        atomicCAS(w.err, 0ull, MOK_ERRWORD(MOK_DEVERR_TIMEOUT, what, w.rank, where));
         __threadfence_system();
         break;
       }
@@ -109,24 +138,42 @@ __device__ __forceinline__ bool ffn_wait_gateup(const FfnArgs &f, int e, bool st
   return true;
 }
 
+/* The producer, before a down tile of expert e: every gate+up tile of e stored (both
+ * warpgroups' arrivals); then its loads may read act. */
+__device__ __forceinline__ bool ffn_wait_gateup(const FfnArgs &f, int e, bool stagger, WaitCtx &w) {
+  const uint32_t need = 2u * (uint32_t)ffn_expert_tiles<kGateUpFwd>(f.gu, e, stagger);
+  return ffn_wait_geq(f.ready + e, need, MOK_WAIT_GEMM_DEP, (uint32_t)e, w);
+}
+
+/* The megakernel's producer, before a gate+up tile of expert e: every row of e's segment
+ * dispatched (padding rows as zeros); then its loads may read them. */
+__device__ __forceinline__ bool mega_wait_x(const FfnArgs &f, int e, WaitCtx &w) {
+  const uint32_t need = (uint32_t)(__ldg(f.gu.expert_offset + e + 1) - __ldg(f.gu.expert_offset + e));
+  return ffn_wait_geq(mega_ctr(f) + e, need, MOK_WAIT_MEGA_X, (uint32_t)e, w);
+}
+
 /* A consumer warpgroup's leader, once before its next tile after a gate+up tile of
  * expert e: its stores complete, then counted (see the file's comment). */
-__device__ __forceinline__ void ffn_signal_gateup(const FfnArgs &f, int e, bool leader) {
+__device__ __forceinline__ void ffn_signal(uint32_t *ctr, bool leader) {
   if (!leader) return;
   bulk_wait_group<0>();
   fence_proxy_async_global();
-  red_release_gpu_add_u32(f.ready + e, 1u);
+  red_release_gpu_add_u32(ctr, 1u);
 }
 
 /* Each of a CTA's three roles (producer, two consumer warpgroups), last thing: the last of
  * the grid's to leave zeroes the ready and ticket counters for the next launch that takes
  * them (nothing reads them any more: every down tile's wait, every arrival and every
  * ticket came before its role left). */
+/* MEGA: a comm CTA is one role (after its dispatch). */
+template <bool MEGA = false>
 __device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
   __threadfence();
   uint32_t *ctr = f.ready + f.gu.num_experts;
-  if (atomicAdd(ctr + kCtrLeft, 1u) == 3u * gridDim.x - 1u) {
-    for (int e = 0; e < f.gu.num_experts + kFfnCounters; ++e) f.ready[e] = 0u;
+  const uint32_t roles = MEGA ? 3u * (uint32_t)ffn_ctas<MEGA>(f) + (uint32_t)f.m.comm_ctas : 3u * gridDim.x;
+  if (atomicAdd(ctr + kCtrLeft, 1u) == roles - 1u) {
+    const int n = f.gu.num_experts + kFfnCounters + (MEGA ? f.gu.num_experts + kMegaCounters : 0);
+    for (int e = 0; e < n; ++e) f.ready[e] = 0u;
     __threadfence();
   }
 }
@@ -151,14 +198,14 @@ static_assert(kSchedSlots * kSlotInts * 4 + 4 * (int)sizeof(GemmCursor) + (int)s
 /* Phase k's split (as grouped_gemm_kernel's: mix_counts, one warp), or none. */
 template <int KIND>
 __device__ __forceinline__ void ffn_phase_counts(const GemmTileArgs &a, bool tickets, bool stagger, int &T, int &C,
-                                                 int &P) {
+                                                 int &P, int grid) {
   T = ffn_kind_tiles<KIND>(a, stagger);
   C = 0, P = 0;
   if (!tickets || !a.mix || a.mix_ctas < 0) return;
   int t = 0;
-  mix_counts<KIND, 256, 1>(a, t, C, P);
+  mix_counts<KIND, 256, 1>(a, t, C, P, grid);
   if (!(C > 0 && C < T)) C = 0, P = 0;
-  else if (a.mix_ctas > 0) P = a.mix_ctas < (int)gridDim.x ? a.mix_ctas : (int)gridDim.x - 1;
+  else if (a.mix_ctas > 0) P = a.mix_ctas < grid ? a.mix_ctas : grid - 1;
 }
 
 /* The producer's next tile: its index in the launch's numbering (gate+up tiles, then down
@@ -166,6 +213,7 @@ __device__ __forceinline__ void ffn_phase_counts(const GemmTileArgs &a, bool tic
  * both phases are done. Phase 0 under the static schedule walks blockIdx.x + i * grid;
  * every other phase takes tickets of its class (the CTA's class; once that class is done,
  * once the other's; then the next phase). */
+template <bool MEGA>
 __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur, volatile FfnSched *z, int &tnum,
                                              bool &down, TileCoord &c) {
   uint32_t *ctr = f.ready + f.gu.num_experts;
@@ -177,7 +225,7 @@ __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur,
     bool more;
     if (k == 0 && !z->tickets) {
       idx = z->next;
-      z->next = idx + (int)gridDim.x;
+      z->next = idx + ffn_ctas<MEGA>(f);
       more = idx < T;
     } else if (z->P[k] > 0) {
       int q = z->q;
@@ -206,12 +254,87 @@ __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur,
   }
 }
 
+/* ---- the megakernel's comm CTAs ---------------------------------------------------------- */
+/* A comm CTA's dispatch, every warp: chunks of kMegaChunk rows by tickets, in the order the
+ * gate+up tiles take the experts (order: the ranked order, or NULL: index order); where
+ * the split mix order runs the one-tile experts (the order's tail) on CTAs of their own
+ * from the start (split), even tickets walk the order from its head and odd ones from its
+ * tail. A chunk's rows copied (zeros on padding rows), each lane fences its stores to
+ * the async proxy (the TMA loads that read them), then lane 0 adds the rows to the
+ * expert's x_ready (red.release.gpu). cpre: smem [E + 1]. */
+__device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const uint16_t *order, bool split) {
+  const GemmTileArgs &a = f.gu;
+  const int E = a.num_experts, lane = threadIdx.x & 31, ru = f.m.row_u4;
+  if (threadIdx.x == 0) {
+    int n = 0;
+    for (int p = 0; p < E; ++p) {
+      const int e = order ? order[p] : p;
+      cpre[p] = n;
+      n += (__ldg(a.expert_offset + e + 1) - __ldg(a.expert_offset + e)) / kMegaChunk;
+    }
+    cpre[E] = n;
+  }
+  __syncthreads();
+  uint32_t *x_ready = mega_ctr(f), *ticket = x_ready + E;
+  const int total = cpre[E];
+  for (;;) {
+    int i = 0;
+    if (lane == 0) i = (int)atomicAdd(ticket, 1u);
+    i = __shfl_sync(0xffffffffu, i, 0);
+    if (i >= total) break;
+    if (split) i = i & 1 ? total - 1 - (i >> 1) : i >> 1;
+    int lo = 0, hi = E - 1; /* the last position p with cpre[p] <= i (an empty expert's is its successor's) */
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (cpre[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    const int e = order ? order[lo] : lo;
+    const int r0 = __ldg(a.expert_offset + e) + (i - cpre[lo]) * kMegaChunk;
+    for (int r = r0; r < r0 + kMegaChunk; ++r) {
+      const int t = __ldg(f.m.row_tok + r);
+      uint4 *d = f.m.xg + (size_t)r * ru;
+      if (t < 0) {
+        for (int u = lane; u < ru; u += 32) d[u] = make_uint4(0u, 0u, 0u, 0u);
+      } else {
+        const uint4 *src = f.m.src + (size_t)t * ru;
+#pragma unroll 4
+        for (int u = lane; u < ru; u += 32) d[u] = __ldg(src + u);
+      }
+    }
+    fence_proxy_async_global();
+    __threadfence();
+    __syncwarp();
+    if (lane == 0) red_release_gpu_add_u32(x_ready + e, (uint32_t)kMegaChunk);
+  }
+}
+
+/* A comm CTA, every thread: the dispatch, then leave. */
+template <int ORDER_OFFSET>
+__device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool order_on, bool tickets) {
+  int T0, C0, P0; /* (warp 0: the counts are warp-wide) */
+  __shared__ int split;
+  if (threadIdx.x < 32) {
+    ffn_phase_counts<kGateUpFwd>(f.gu, tickets, f.gu.stagger && !tickets, T0, C0, P0, ffn_ctas<true>(f));
+    if (threadIdx.x == 0) split = P0 > 0;
+  }
+  __syncthreads();
+  mega_dispatch(f, reinterpret_cast<int *>(smem), order_on ? reinterpret_cast<const uint16_t *>(smem + ORDER_OFFSET)
+                                                          : nullptr, split);
+  __syncthreads();
+  if (threadIdx.x == 0) ffn_leave<true>(f);
+}
+
 /* RING: the stage ring (FfnRing; gemm_ffn.cu compiles both, nothing else includes the
- * kernel's instances). */
-template <int RING>
+ * kernel's instances). MEGA: the forward megakernel (FfnMega; the last comm_ctas CTAs are
+ * comm CTAs), else the fused routed forward alone. */
+template <int RING, bool MEGA = false>
 __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_constant__ FfnArgs f) {
   using TC = FfnRing<RING>;
   const GemmTileArgs &gu = f.gu, &dn = f.dn;
+  if constexpr (MEGA) {
+    if (*reinterpret_cast<const volatile int32_t *>(f.m.bad)) return; /* (the schedule recorded why) */
+  }
   extern __shared__ char smem_raw[];
   char *smem = reinterpret_cast<char *>((reinterpret_cast<uintptr_t>(smem_raw) + 1023) & ~uintptr_t(1023));
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
@@ -226,6 +349,12 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
   const bool order_on = tickets && gu.expert_order && gu.expert_count && gu.num_experts > 1 &&
                         gu.num_experts <= kOrderMaxExperts;
   tok_order_experts<TC::kOrderOffset>(gu, smem, order_on);
+  if constexpr (MEGA) {
+    if ((int)blockIdx.x >= ffn_ctas<MEGA>(f)) {
+      mega_comm_cta<TC::kOrderOffset>(f, smem, order_on, tickets);
+      return;
+    }
+  }
 
   const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
   PipeState p = {0, 0u}, sp = {0, 0u};
@@ -239,8 +368,8 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
     volatile FfnSched *z = reinterpret_cast<volatile FfnSched *>(cur + 4);
     {
       int T0, C0, P0, T1, C1, P1; /* (one warp: mix_counts and the tile counts are warp-wide) */
-      ffn_phase_counts<kGateUpFwd>(gu, tickets, stagger, T0, C0, P0);
-      ffn_phase_counts<kDownFwd>(dn, true, false, T1, C1, P1);
+      ffn_phase_counts<kGateUpFwd>(gu, tickets, stagger, T0, C0, P0, ffn_ctas<MEGA>(f));
+      ffn_phase_counts<kDownFwd>(dn, true, false, T1, C1, P1, ffn_ctas<MEGA>(f));
       if (threadIdx.x == 0) {
         z->T[0] = T0, z->C[0] = C0, z->P[0] = P0, z->T[1] = T1, z->C[1] = C1, z->P[1] = P1;
         z->phase = 0, z->q = P0 > 0 && (int)blockIdx.x < P0, z->stole = 0;
@@ -259,7 +388,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
       for (;;) {
         int t = -1;
         bool down = false;
-        const bool more = ffn_next_tile(f, cur, z, t, down, c);
+        const bool more = ffn_next_tile<MEGA>(f, cur, z, t, down, c);
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
         volatile int *o = slot + kSlotInts * sp.stage;
@@ -274,10 +403,11 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
         const bool cold = !down && z->P[0] > 0 && (z->q & 1) && gu.cold_evict; /* (z->q: this tile's class) */
         const bool ok = down ? ffn_wait_gateup(f, c.expert, stagger, w) &&
                                    tok_tile_produce<kDownFwd, false, RING, false>(dn, c, smem, p, w, false)
-                             : tok_tile_produce<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, cold);
+                             : (!MEGA || mega_wait_x(f, c.expert, w)) &&
+                                   tok_tile_produce<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, cold);
         if (!ok) break;
       }
-      ffn_leave(f);
+      ffn_leave<MEGA>(f);
     }
   } else {
     setmaxnreg_inc<kConsumerRegs>();
@@ -287,7 +417,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
       int t, down;
       if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, down)) break;
       c.k0 = 0;
-      if (pend >= 0) ffn_signal_gateup(f, pend, leader);
+      if (pend >= 0) ffn_signal(f.ready + pend, leader);
       pend = -1;
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break;
       w.tile = (uint32_t)t;
@@ -298,9 +428,9 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
         pend = c.expert;
       }
     }
-    if (pend >= 0) ffn_signal_gateup(f, pend, leader); /* (a stopped launch: counted anyway) */
+    if (pend >= 0) ffn_signal(f.ready + pend, leader); /* (a stopped launch: counted anyway) */
     gemm_consumer_finish();
-    if (leader) ffn_leave(f);
+    if (leader) ffn_leave<MEGA>(f);
   }
 }
 

@@ -1609,7 +1609,7 @@ constexpr int kStreamRows = 112;
  * segment of <= 128 rows, streams a whole weight block a tile for its rows alone; its
  * padded rows count, the tile computes them; the same floor.) */
 template <int KIND, int BN, int TOK>
-__device__ __forceinline__ void mix_counts(const GemmTileArgs &a, int &T, int &C, int &P) {
+__device__ __forceinline__ void mix_counts(const GemmTileArgs &a, int &T, int &C, int &P, int grid = 0) {
   int oc;
   if constexpr (TOK != 0) oc = tok_out_cols<KIND>();
   else oc = tile_out_cols<KIND, BN>();
@@ -1633,7 +1633,7 @@ __device__ __forceinline__ void mix_counts(const GemmTileArgs &a, int &T, int &C
   }
   T = t;
   C = c;
-  const int g = (int)gridDim.x;
+  const int g = grid > 0 ? grid : (int)gridDim.x; /* (grid: the CTAs that run tiles, where not all do) */
   P = ws + wh > 0 ? (int)(((int64_t)g * ws + (ws + wh) / 2) / (ws + wh)) : 0;
   P = P < 1 ? 1 : P > g - 1 ? g - 1 : P;
 }

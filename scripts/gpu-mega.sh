@@ -1,0 +1,35 @@
+#!/usr/bin/env bash
+# gpu-mega.sh — the forward megakernel (mokImplMega, one GPU) on the device: build, the
+# tests (TESTS; " " = the full suite), then `mok bench layer` with mega beside nccl and
+# baseline on the same data (MODELS, TOKENS), a sweep of the comm CTAs (CTAS) and one
+# per-phase profile (MOK_BASELINE_PROFILE). Log in $OUT/log, JSON in $OUT/*.json; the
+# benchmark tables come last.
+set -uo pipefail
+export NCCL_NVLS_ENABLE=0
+OUT=${OUT:-/tmp/mok-out}; mkdir -p "$OUT"
+TESTS=${TESTS-schedule_device layer_mega layer_nccl_matches_reference_1gpu}
+MODELS=${MODELS:-qwen3.5-397b-a17b,glm-5.2}
+TOKENS=${TOKENS:-2048,8192}
+IMPLS=${IMPLS:-mega,nccl,baseline}
+CTAS=${CTAS:-8 32}
+{
+  date -u; git rev-parse --short HEAD; nvidia-smi -L
+  make -j"$(nproc)" all build/mok_tests 2>&1 | grep -v "^\S*nvcc " | grep -E " error|Error |warning" | head -20
+  if [ -n "$TESTS" ]; then
+    echo "== tests: $TESTS"
+    timeout "${TEST_S:-240}" stdbuf -oL build/mok_tests $TESTS 2>&1 | grep -vE "^ok " | tail -30
+  fi
+  echo "== layer bench: $IMPLS"
+  timeout "${BENCH_S:-300}" build/mok bench layer --impl "$IMPLS" --gpus 1 --model "$MODELS" --tokens "$TOKENS" \
+    --iters "${ITERS:-10}" --check-tokens 1 --json "$OUT/layer-mega.json" 2>&1
+  for c in $CTAS; do
+    echo "== comm CTAs $c"
+    MOK_MEGA_COMM_CTAS=$c timeout 120 build/mok bench layer --impl mega --gpus 1 --model "$MODELS" \
+      --tokens "${TOKENS##*,}" --iters "${ITERS:-10}" --check-tokens 1 2>&1 | tail -4
+  done
+  echo "== profile (mega, nccl; last model and token count)"
+  for i in mega nccl; do
+    MOK_BASELINE_PROFILE=1 timeout 120 build/mok bench layer --impl $i --gpus 1 --model "${MODELS##*,}" \
+      --tokens "${TOKENS##*,}" --iters 2 --warmup 1 --check-tokens 0 2>&1 | grep -E "fwd" | tail -2
+  done
+} 2>&1 | tee "$OUT/log"

@@ -1,0 +1,135 @@
+/*
+ * test_schedule_gpu.cu — the device schedule of one rank's own routes (src/schedule_dev.cu,
+ * what mokImplMega's forward runs instead of the host's) against mokReferenceSchedule for
+ * N = 1: the same counts and padded offsets, every route at the row the reference gives
+ * it (row_tok, route_row), send positions a permutation consistent with row_map; on
+ * random, duplicate / -1, one-hot, empty-expert, all-empty and zero-token routings and
+ * odd expert counts. A bad id sets the flag, records the error word and writes nothing.
+ */
+#include <cuda_runtime.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "mok.h"
+#include "schedule_dev.h"
+#include "test.h"
+#include "util.h"
+
+#define CUDA_CHECK(call)                                                               \
+  do {                                                                                 \
+    cudaError_t e_ = (call);                                                           \
+    CHECK_MSG(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));             \
+  } while (0)
+
+enum { R_RANDOM, R_DUP, R_HOT, R_EMPTY, R_NONE, R_BAD, R_MODES };
+
+/* One routing of T tokens over E experts (k slots), on the device and against the host. */
+static void one_case(test_ctx *t, rng_t *r, int E, int T, int k, int P, int mode) {
+  mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
+  cfg.num_experts = E, cfg.hidden = 64, cfg.inter = 64, cfg.topk = k, cfg.num_ranks = 1;
+  cfg.max_tokens = T > 0 ? T : 1, cfg.row_pad = P;
+  mokLayer_t l = NULL;
+  CHECK_OK(mokLayerCreate(&l, &cfg));
+  if (t->failed) return;
+  int64_t cap = 0;
+  CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+  const int64_t R = (int64_t)T * k;
+  int32_t *idx = (int32_t *)malloc(4 * (size_t)R + 4);
+  for (int64_t q = 0; q < R; q++) {
+    switch (mode) {
+      case R_DUP: idx[q] = rng_int(r, 4) == 0 ? -1 : q % k && rng_int(r, 2) ? idx[q - 1] : rng_int(r, E); break;
+      case R_HOT: idx[q] = E / 2; break;
+      case R_EMPTY: idx[q] = rng_int(r, 2) ? 0 : E - 1; break;
+      case R_NONE: idx[q] = -1; break;
+      default: idx[q] = rng_int(r, E); break;
+    }
+  }
+  if (mode == R_BAD && R > 0) idx[rng_int(r, (int)R)] = rng_int(r, 2) ? E : -2;
+  /* reference */
+  int32_t *cnt = (int32_t *)malloc(4 * (size_t)E), *off = (int32_t *)malloc(4 * (size_t)(E + 1));
+  int32_t *rr = (int32_t *)malloc(4 * (size_t)cap);
+  mokRankInput_t in = {T, NULL, idx, NULL};
+  mokSchedule_t sc = {cap, cnt, off, NULL, rr};
+  const int ref_ok = mode != R_BAD && mokReferenceSchedule(l, 0, &in, &sc) == mokSuccess;
+  CHECK(mode == R_BAD || ref_ok);
+  /* device */
+  int32_t *d_idx = NULL, *d_seg = NULL, *d_pos = NULL, *d_rr = NULL, *d_tok = NULL, *d_map = NULL, *d_bad = NULL;
+  unsigned long long *d_err = NULL;
+  CUDA_CHECK(cudaMalloc(&d_idx, 4 * (size_t)R + 4));
+  CUDA_CHECK(cudaMalloc(&d_seg, 4 * (size_t)(2 * E + 1)));
+  CUDA_CHECK(cudaMalloc(&d_pos, 4 * (size_t)R + 4));
+  CUDA_CHECK(cudaMalloc(&d_rr, 4 * (size_t)R + 4));
+  CUDA_CHECK(cudaMalloc(&d_tok, 4 * (size_t)cap));
+  CUDA_CHECK(cudaMalloc(&d_map, 4 * (size_t)cap));
+  CUDA_CHECK(cudaMalloc(&d_bad, 4));
+  CUDA_CHECK(cudaMalloc(&d_err, 8));
+  if (R) CUDA_CHECK(cudaMemcpy(d_idx, idx, 4 * (size_t)R, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemset(d_seg, 0x5a, 4 * (size_t)(2 * E + 1))); /* poison: every word must be written */
+  CUDA_CHECK(cudaMemset(d_pos, 0x5a, 4 * (size_t)R + 4));
+  CUDA_CHECK(cudaMemset(d_rr, 0x5a, 4 * (size_t)R + 4));
+  CUDA_CHECK(cudaMemset(d_tok, 0x5a, 4 * (size_t)cap));
+  CUDA_CHECK(cudaMemset(d_map, 0x5a, 4 * (size_t)cap));
+  CUDA_CHECK(cudaMemset(d_bad, 0x5a, 4));
+  CUDA_CHECK(cudaMemset(d_err, 0, 8));
+  mokLocalSchedule_t s;
+  memset(&s, 0, sizeof s);
+  s.topk_idx = d_idx, s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = P;
+  s.expert_count = d_seg, s.expert_offset = d_seg + E, s.send_pos = d_pos, s.route_row = d_rr;
+  s.row_tok = d_tok, s.row_map = d_map, s.bad = d_bad, s.error_word = d_err, s.rank = 0;
+  CHECK_OK(mok_schedule_local_launch(&s, 0));
+  CUDA_CHECK(cudaDeviceSynchronize());
+  int32_t *seg = (int32_t *)malloc(4 * (size_t)(2 * E + 1)), *pos = (int32_t *)malloc(4 * (size_t)R + 4);
+  int32_t *rrow = (int32_t *)malloc(4 * (size_t)R + 4), *tok = (int32_t *)malloc(4 * (size_t)cap);
+  int32_t *map = (int32_t *)malloc(4 * (size_t)cap), bad = 0;
+  unsigned long long err = 0;
+  CUDA_CHECK(cudaMemcpy(seg, d_seg, 4 * (size_t)(2 * E + 1), cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(pos, d_pos, 4 * (size_t)R + 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(rrow, d_rr, 4 * (size_t)R + 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(tok, d_tok, 4 * (size_t)cap, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(map, d_map, 4 * (size_t)cap, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&bad, d_bad, 4, cudaMemcpyDeviceToHost));
+  CUDA_CHECK(cudaMemcpy(&err, d_err, 8, cudaMemcpyDeviceToHost));
+  if (mode == R_BAD) {
+    CHECK_MSG(bad == 1 && err != 0, "bad id: flag %d, error word %llx", bad, err);
+    CHECK_MSG(seg[0] == 0x5a5a5a5a && pos[0] == 0x5a5a5a5a && tok[0] == 0x5a5a5a5a, "bad id: results written");
+  } else if (ref_ok) {
+    CHECK_MSG(bad == 0 && err == 0, "flag %d, error word %llx", bad, err);
+    for (int e = 0; e < E && !t->failed; e++)
+      CHECK_MSG(seg[e] == cnt[e] && seg[E + e] == off[e], "E %d T %d mode %d expert %d: count %d / %d, offset %d / %d",
+                E, T, mode, e, seg[e], cnt[e], seg[E + e], off[e]);
+    CHECK_MSG(seg[2 * E] == off[E], "rows in use %d / %d", seg[2 * E], off[E]);
+    char *seen = (char *)calloc((size_t)R + 1, 1);
+    for (int32_t row = 0; row < off[E] && !t->failed; row++) {
+      if (rr[row] < 0) {
+        CHECK_MSG(tok[row] == -1 && map[row] == -1, "row %d: padding, got token %d, map %d", row, tok[row], map[row]);
+        continue;
+      }
+      const int32_t q = rr[row]; /* N = 1: the route id is t * k + j */
+      CHECK_MSG(tok[row] == q / k && rrow[q] == row, "row %d: route %d, got token %d and route_row %d", row, q, tok[row],
+                rrow[q]);
+      CHECK_MSG(map[row] == pos[q] && pos[q] >= 0 && pos[q] < R && !seen[pos[q]], "row %d: send position %d / map %d",
+                row, pos[q], map[row]);
+      if (pos[q] >= 0 && pos[q] < R) seen[pos[q]] = 1;
+    }
+    for (int64_t q = 0; q < R && !t->failed; q++)
+      if (idx[q] < 0) CHECK_MSG(pos[q] == -1 && rrow[q] == -1, "empty slot %lld: pos %d, row %d", (long long)q, pos[q], rrow[q]);
+    free(seen);
+  }
+  cudaFree(d_idx), cudaFree(d_seg), cudaFree(d_pos), cudaFree(d_rr), cudaFree(d_tok), cudaFree(d_map);
+  cudaFree(d_bad), cudaFree(d_err);
+  free(idx), free(cnt), free(off), free(rr), free(seg), free(pos), free(rrow), free(tok), free(map);
+  mokLayerDestroy(l);
+}
+
+MOK_GPU_TEST(schedule_device_matches_reference, 1) {
+  rng_t r = {test_seed() ^ 0x5c4ed};
+  static const int Es[] = {1, 7, 64, 257, 1024};
+  for (int m = 0; m < R_MODES && !t->failed; m++)
+    for (int i = 0; i < 5 && !t->failed; i++) {
+      const int E = Es[i], k = 1 + rng_int(&r, E < 8 ? E : 8);
+      const int T = m == R_BAD ? 1 + rng_int(&r, 300) : rng_int(&r, 3) == 0 ? rng_int(&r, 40) : 500 + rng_int(&r, 3000);
+      one_case(t, &r, E, T, k, 64 * (1 + rng_int(&r, 2)), m);
+    }
+  one_case(t, &r, 64, 0, 8, 64, R_RANDOM); /* no tokens */
+  one_case(t, &r, 512, 8192, 8, 64, R_RANDOM); /* a production size */
+}
