@@ -20,20 +20,27 @@ constexpr int kFfnRing = 16;
 __device__ uint32_t g_ffn_ready[kFfnRing][MOK_GEMM_MAX_EXPERTS + kFfnCounters];
 static unsigned g_ffn_next; /* __atomic_* */
 
-mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
-                                cudaStream_t stream) {
-  int dev = 0, sms = 0, major = 0, optin = 0;
+/* The current device can run a kernel of `smem` bytes of shared memory a CTA (Hopper, the
+ * opt-in size): its SM count in *sms; else mokNotSupported naming `what`. */
+static mokResult_t ffn_device(const char *what, int smem, int *sms) {
+  int dev = 0, major = 0, optin = 0;
   CUDA_CHECK(NULL, cudaGetDevice(&dev));
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
   if (major != 9)
-    return mok_error(NULL, mokNotSupported, "fused expert forward: needs a Hopper GPU (sm_90a), device %d is sm_%d",
-                     dev, major * 10);
-  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+    return mok_error(NULL, mokNotSupported, "%s: needs a Hopper GPU (sm_90a), device %d is sm_%d", what, dev, major * 10);
+  CUDA_CHECK(NULL, cudaDeviceGetAttribute(sms, cudaDevAttrMultiProcessorCount, dev));
   CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
-  const int smem = ring128 ? FfnRing<kTokRing128>::kSmemBytes : FfnRing<kTokMaxUnits>::kSmemBytes;
   if (smem > optin)
-    return mok_error(NULL, mokNotSupported,
-                     "fused expert forward: needs %d bytes of shared memory per block, device has %d", smem, optin);
+    return mok_error(NULL, mokNotSupported, "%s: needs %d bytes of shared memory per block, device has %d", what, smem,
+                     optin);
+  return mokSuccess;
+}
+
+mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
+                                cudaStream_t stream) {
+  int sms = 0;
+  const int smem = ring128 ? FfnRing<kTokRing128>::kSmemBytes : FfnRing<kTokMaxUnits>::kSmemBytes;
+  MOK_CHECK(ffn_device("fused expert forward", smem, &sms));
   void (*kernel)(FfnArgs) = ring128 ? ffn_fwd_kernel<kTokRing128> : ffn_fwd_kernel<kTokMaxUnits>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FfnArgs f;
@@ -57,21 +64,12 @@ static unsigned g_mega_next; /* __atomic_* */
 
 mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const mokFfnMega_t *mega,
                                      mokBf16 *xg, int hidden, cudaStream_t stream) {
-  int dev = 0, sms = 0, major = 0, optin = 0;
-  CUDA_CHECK(NULL, cudaGetDevice(&dev));
-  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&major, cudaDevAttrComputeCapabilityMajor, dev));
-  if (major != 9)
-    return mok_error(NULL, mokNotSupported, "forward megakernel: needs a Hopper GPU (sm_90a), device %d is sm_%d", dev,
-                     major * 10);
-  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
-  CUDA_CHECK(NULL, cudaDeviceGetAttribute(&optin, cudaDevAttrMaxSharedMemoryPerBlockOptin, dev));
+  int sms = 0;
+  const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
+  MOK_CHECK(ffn_device("forward megakernel", smem, &sms));
   if (mega->comm_ctas >= sms)
     return mok_error(NULL, mokInvalidArgument, "forward megakernel: comm_ctas %d leaves no CTA for the tiles (%d SMs)",
                      mega->comm_ctas, sms);
-  const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
-  if (smem > optin)
-    return mok_error(NULL, mokNotSupported, "forward megakernel: needs %d bytes of shared memory per block, device has %d",
-                     smem, optin);
   void (*kernel)(FfnArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   FfnArgs f;
