@@ -36,6 +36,17 @@ static mokResult_t ffn_device(const char *what, int smem, int *sms) {
   return mokSuccess;
 }
 
+/* A launch's arguments: both kinds' tiles and the next slot of a counter ring (`words` a
+ * slot, slot index from *next). */
+static FfnArgs ffn_args(const GemmTileArgs &gu, const GemmTileArgs &dn, void *ring, size_t words, unsigned *next) {
+  FfnArgs f;
+  memset(&f, 0, sizeof f);
+  f.gu = gu;
+  f.dn = dn;
+  f.ready = static_cast<uint32_t *>(ring) + words * (__atomic_fetch_add(next, 1u, __ATOMIC_RELAXED) % kFfnRing);
+  return f;
+}
+
 mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, int ring128, int64_t max_tiles,
                                 cudaStream_t stream) {
   int sms = 0;
@@ -43,14 +54,9 @@ mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, 
   MOK_CHECK(ffn_device("fused expert forward", smem, &sms));
   void (*kernel)(FfnArgs) = ring128 ? ffn_fwd_kernel<kTokRing128> : ffn_fwd_kernel<kTokMaxUnits>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  FfnArgs f;
-  memset(&f, 0, sizeof f);
-  f.gu = gu;
-  f.dn = dn;
   void *ready = nullptr;
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_ffn_ready));
-  f.ready = static_cast<uint32_t *>(ready) + (size_t)(MOK_GEMM_MAX_EXPERTS + kFfnCounters) *
-                                               (__atomic_fetch_add(&g_ffn_next, 1u, __ATOMIC_RELAXED) % kFfnRing);
+  const FfnArgs f = ffn_args(gu, dn, ready, MOK_GEMM_MAX_EXPERTS + kFfnCounters, &g_ffn_next);
   const int64_t grid = max_tiles < 1 ? 1 : max_tiles < sms ? max_tiles : sms;
   kernel<<<(unsigned)grid, kThreads, (size_t)smem, stream>>>(f);
   CUDA_CHECK(NULL, cudaGetLastError());
@@ -72,14 +78,9 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
                      mega->comm_ctas, sms);
   void (*kernel)(FfnArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
-  FfnArgs f;
-  memset(&f, 0, sizeof f);
-  f.gu = gu;
-  f.dn = dn;
   void *ready = nullptr;
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_mega_ready));
-  f.ready = static_cast<uint32_t *>(ready) + (size_t)(2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters) *
-                                               (__atomic_fetch_add(&g_mega_next, 1u, __ATOMIC_RELAXED) % kFfnRing);
+  FfnArgs f = ffn_args(gu, dn, ready, 2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters, &g_mega_next);
   f.m.src = reinterpret_cast<const uint4 *>(mega->x);
   f.m.xg = reinterpret_cast<uint4 *>(xg);
   f.m.row_tok = mega->row_tok;
