@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # gpu-mega.sh — the forward megakernel (mokImplMega, one GPU) on the device: build, the
 # tests (TESTS; " " = the full suite), then `mok bench layer` with mega beside nccl and
-# baseline on the same data (MODELS, TOKENS), a sweep of the comm CTAs (CTAS) and one
-# per-phase profile (MOK_BASELINE_PROFILE). Log in $OUT/log, JSON in $OUT/*.json; the
-# benchmark tables come last.
+# baseline on the same data (MODELS, TOKENS), a sweep of the comm CTAs (CTAS), a per-phase
+# profile (MOK_BASELINE_PROFILE) and mega beside nccl under Zipf 1.2 routing (ZIPF= skips it).
+# Log in $OUT/log, JSON in $OUT/*.json.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/mok-out}; mkdir -p "$OUT"
@@ -27,9 +27,16 @@ CTAS=${CTAS:-8 32}
     MOK_MEGA_COMM_CTAS=$c timeout 120 build/mok bench layer --impl mega --gpus 1 --model "$MODELS" \
       --tokens "${TOKENS##*,}" --iters "${ITERS:-10}" --check-tokens 1 2>&1 | tail -4
   done
-  echo "== profile (mega, nccl; last model and token count)"
+  echo "== per-phase profile (MOK_BASELINE_PROFILE; T = the last token count; ms)"
   for i in mega nccl; do
-    MOK_BASELINE_PROFILE=1 timeout 120 build/mok bench layer --impl $i --gpus 1 --model "${MODELS##*,}" \
-      --tokens "${TOKENS##*,}" --iters 2 --warmup 1 --check-tokens 0 2>&1 | grep -E "fwd" | tail -2
+    for m in ${MODELS//,/ }; do
+      MOK_BASELINE_PROFILE=1 timeout 120 build/mok bench layer --impl $i --gpus 1 --model "$m" --tokens "${TOKENS##*,}" \
+        --iters 3 --warmup 1 --check-tokens 0 --check-experts 0 2>&1 | grep "mok baseline fwd" | tail -1 | sed "s/^/$i $m: /"
+    done
   done
+  if [ -n "${ZIPF-1}" ]; then
+    echo "== zipf 1.2"
+    timeout 200 build/mok bench layer --impl mega,nccl --gpus 1 --model "$MODELS" --tokens "${TOKENS##*,}" \
+      --routing zipf:1.2 --iters "${ITERS:-10}" --check-tokens 1 2>&1 | tail -6
+  fi
 } 2>&1 | tee "$OUT/log"

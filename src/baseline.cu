@@ -95,7 +95,7 @@ struct mok_gpu_layer {
   /* mokImplMega (one GPU): the device schedule's arrays; host_stale: the host copies of the
    * schedule (seg_cnt, seg_off, send/recv counts) and y_ret are not filled (the backward
    * fetches them) */
-  int32_t *d_route_row, *d_row_tok, *d_bad;
+  int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
   int host_stale;
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
@@ -110,8 +110,10 @@ struct mok_gpu_layer {
   int32_t *seg_cnt, *seg_off;                           /* [E_l], [E_l + 1] */
 };
 
-/* mokImplMega: comm CTAs of the forward megakernel (dispatch, then combine with the rest). */
-#define MEGA_COMM_CTAS 16
+/* mokImplMega: comm CTAs of the forward megakernel (they dispatch, then join the down tiles).
+ * T=8192, 1x H200 (docs/PERF.md): 8 / 16 / 32 / 48 gave qwen3.5 6.55 / 5.62 / 5.49 / 5.55 ms,
+ * glm-5.2 10.49 / 10.53 / 10.55 / 10.54. */
+#define MEGA_COMM_CTAS 32
 
 /* ---- kernels -------------------------------------------------------------------- */
 /* Rows are H bf16 = H/8 uint4 (H is a multiple of 64). One block per row slice. */
@@ -522,6 +524,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFree(g->d_route_row);
   cudaFree(g->d_row_tok);
   cudaFree(g->d_bad);
+  cudaFree(g->d_sched_scratch);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -598,7 +601,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   g->sm90 = major == 9;
   if (cudaMalloc((void **)&g->d_route_row, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
       cudaMalloc((void **)&g->d_row_tok, 4 * (size_t)cap) != cudaSuccess ||
-      cudaMalloc((void **)&g->d_bad, sizeof(int32_t)) != cudaSuccess) {
+      cudaMalloc((void **)&g->d_bad, sizeof(int32_t)) != cudaSuccess ||
+      cudaMalloc((void **)&g->d_sched_scratch, 4 * (size_t)mok_schedule_local_scratch((int)El)) != cudaSuccess) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
   }
@@ -768,7 +772,7 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   s.num_tokens = T, s.topk = c->topk, s.num_experts = El, s.row_pad = c->row_pad;
   s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
-  s.bad = g->d_bad, s.error_word = rows.error_word, s.rank = rows.rank;
+  s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
   prof_mark(g, "start", st);
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   prof_mark(g, "schedule", st);

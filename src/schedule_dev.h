@@ -39,11 +39,15 @@ typedef struct mokLocalSchedule {
   int32_t *row_tok;        /* [rows in use] (capacity of the layer's schedule) */
   int32_t *row_map;        /* [rows in use] */
   int32_t *bad;            /* [1] */
+  int32_t *scratch;        /* [mok_schedule_local_scratch(num_experts)] device words */
   unsigned long long *error_word; /* or NULL */
   int rank;
 } mokLocalSchedule_t;
 
-/* One CTA on `stream`; validates its arguments (mokInvalidArgument, nothing launched). */
+/* Device words of scratch a schedule of num_experts experts needs. */
+int64_t mok_schedule_local_scratch(int num_experts);
+/* Three small launches on `stream`; validates its arguments (mokInvalidArgument, nothing
+ * launched). */
 mokResult_t mok_schedule_local_launch(const mokLocalSchedule_t *s, cudaStream_t stream);
 
 #ifdef __cplusplus

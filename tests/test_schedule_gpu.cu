@@ -55,6 +55,8 @@ static void one_case(test_ctx *t, rng_t *r, int E, int T, int k, int P, int mode
   /* device */
   int32_t *d_idx = NULL, *d_seg = NULL, *d_pos = NULL, *d_rr = NULL, *d_tok = NULL, *d_map = NULL, *d_bad = NULL;
   unsigned long long *d_err = NULL;
+  int32_t *d_scratch = NULL;
+  CUDA_CHECK(cudaMalloc(&d_scratch, 4 * (size_t)mok_schedule_local_scratch(E)));
   CUDA_CHECK(cudaMalloc(&d_idx, 4 * (size_t)R + 4));
   CUDA_CHECK(cudaMalloc(&d_seg, 4 * (size_t)(2 * E + 1)));
   CUDA_CHECK(cudaMalloc(&d_pos, 4 * (size_t)R + 4));
@@ -75,7 +77,7 @@ static void one_case(test_ctx *t, rng_t *r, int E, int T, int k, int P, int mode
   memset(&s, 0, sizeof s);
   s.topk_idx = d_idx, s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = P;
   s.expert_count = d_seg, s.expert_offset = d_seg + E, s.send_pos = d_pos, s.route_row = d_rr;
-  s.row_tok = d_tok, s.row_map = d_map, s.bad = d_bad, s.error_word = d_err, s.rank = 0;
+  s.row_tok = d_tok, s.row_map = d_map, s.bad = d_bad, s.scratch = d_scratch, s.error_word = d_err, s.rank = 0;
   CHECK_OK(mok_schedule_local_launch(&s, 0));
   CUDA_CHECK(cudaDeviceSynchronize());
   int32_t *seg = (int32_t *)malloc(4 * (size_t)(2 * E + 1)), *pos = (int32_t *)malloc(4 * (size_t)R + 4);
@@ -116,7 +118,7 @@ static void one_case(test_ctx *t, rng_t *r, int E, int T, int k, int P, int mode
     free(seen);
   }
   cudaFree(d_idx), cudaFree(d_seg), cudaFree(d_pos), cudaFree(d_rr), cudaFree(d_tok), cudaFree(d_map);
-  cudaFree(d_bad), cudaFree(d_err);
+  cudaFree(d_bad), cudaFree(d_err), cudaFree(d_scratch);
   free(idx), free(cnt), free(off), free(rr), free(seg), free(pos), free(rrow), free(tok), free(map);
   mokLayerDestroy(l);
 }
@@ -131,5 +133,6 @@ MOK_GPU_TEST(schedule_device_matches_reference, 1) {
       one_case(t, &r, E, T, k, 64 * (1 + rng_int(&r, 2)), m);
     }
   one_case(t, &r, 64, 0, 8, 64, R_RANDOM); /* no tokens */
-  one_case(t, &r, 512, 8192, 8, 64, R_RANDOM); /* a production size */
+  one_case(t, &r, 512, 8192, 10, 64, R_RANDOM); /* qwen3.5's size at EP1 */
+  one_case(t, &r, 1024, 40000, 8, 64, R_DUP); /* more routes than 128 CTAs of 2048 */
 }

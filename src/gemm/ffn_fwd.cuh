@@ -47,6 +47,8 @@ namespace mok_sm90 {
  * last comm_ctas CTAs dispatch the token rows into the gate+up tiles' rows operand, an
  * expert's segment at a time in chunks of kMegaChunk rows (zeros on padding rows), and
  * count them per expert (x_ready); a gate+up tile of expert e waits for all of e's rows.
+ * A comm CTA that finished its dispatch joins the down tiles (phase 1, by tickets; it takes
+ * no gate+up tile, so every gate+up tile stays with a CTA that never waits on a down tile).
  * The combine is not in this kernel yet: with it (read by any warp of the kernel, comm
  * CTA or consumer) ptxas serialised every wgmma (C7514; session 27), so the layer runs it
  * as the next launch. */
@@ -165,13 +167,11 @@ __device__ __forceinline__ void ffn_signal(uint32_t *ctr, bool leader) {
  * the grid's to leave zeroes the ready and ticket counters for the next launch that takes
  * them (nothing reads them any more: every down tile's wait, every arrival and every
  * ticket came before its role left). */
-/* MEGA: a comm CTA is one role (after its dispatch). */
 template <bool MEGA = false>
 __device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
   __threadfence();
   uint32_t *ctr = f.ready + f.gu.num_experts;
-  const uint32_t roles = MEGA ? 3u * (uint32_t)ffn_ctas<MEGA>(f) + (uint32_t)f.m.comm_ctas : 3u * gridDim.x;
-  if (atomicAdd(ctr + kCtrLeft, 1u) == roles - 1u) {
+  if (atomicAdd(ctr + kCtrLeft, 1u) == 3u * gridDim.x - 1u) {
     const int n = f.gu.num_experts + kFfnCounters + (MEGA ? f.gu.num_experts + kMegaCounters : 0);
     for (int e = 0; e < n; ++e) f.ready[e] = 0u;
     __threadfence();
@@ -309,7 +309,7 @@ __device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const
   }
 }
 
-/* A comm CTA, every thread: the dispatch, then leave. */
+/* A comm CTA, every thread: the dispatch; then (the caller) it joins the down tiles. */
 template <int ORDER_OFFSET>
 __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool order_on, bool tickets) {
   int T0, C0, P0; /* (warp 0: the counts are warp-wide) */
@@ -321,8 +321,8 @@ __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool
   __syncthreads();
   mega_dispatch(f, reinterpret_cast<int *>(smem), order_on ? reinterpret_cast<const uint16_t *>(smem + ORDER_OFFSET)
                                                           : nullptr, split);
+  fence_proxy_async_shared(); /* stage 0's generic reads and writes before its first TMA load */
   __syncthreads();
-  if (threadIdx.x == 0) ffn_leave<true>(f);
 }
 
 /* RING: the stage ring (FfnRing; gemm_ffn.cu compiles both, nothing else includes the
@@ -349,10 +349,11 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
   const bool order_on = tickets && gu.expert_order && gu.expert_count && gu.num_experts > 1 &&
                         gu.num_experts <= kOrderMaxExperts;
   tok_order_experts<TC::kOrderOffset>(gu, smem, order_on);
+  bool late = false; /* MEGA: a comm CTA, which joins the down tiles (phase 1) once it dispatched */
   if constexpr (MEGA) {
     if ((int)blockIdx.x >= ffn_ctas<MEGA>(f)) {
       mega_comm_cta<TC::kOrderOffset>(f, smem, order_on, tickets);
-      return;
+      late = true;
     }
   }
 
@@ -372,7 +373,8 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
       ffn_phase_counts<kDownFwd>(dn, true, false, T1, C1, P1, ffn_ctas<MEGA>(f));
       if (threadIdx.x == 0) {
         z->T[0] = T0, z->C[0] = C0, z->P[0] = P0, z->T[1] = T1, z->C[1] = C1, z->P[1] = P1;
-        z->phase = 0, z->q = P0 > 0 && (int)blockIdx.x < P0, z->stole = 0;
+        z->phase = late ? 1 : 0, z->q = late ? P1 > 0 && (int)blockIdx.x < P1 : P0 > 0 && (int)blockIdx.x < P0;
+        z->stole = 0;
         z->tickets = tickets, z->next = (int)blockIdx.x;
       }
     }
