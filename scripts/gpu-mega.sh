@@ -31,7 +31,7 @@ CTAS=${CTAS:-8 32}
   for i in mega nccl; do
     for m in ${MODELS//,/ }; do
       MOK_BASELINE_PROFILE=1 timeout 120 build/mok bench layer --impl $i --gpus 1 --model "$m" --tokens "${TOKENS##*,}" \
-        --iters 3 --warmup 1 --check-tokens 0 --check-experts 0 2>&1 | grep "mok baseline fwd" | tail -1 | sed "s/^/$i $m: /"
+        --iters 3 --warmup 1 --check-tokens 0 --check-experts 0 2>&1 | grep -E "mok baseline (fwd|bwd)" | tail -2 | sed "s/^/$i $m: /"
     done
   done
   if [ -n "${ZIPF-1}" ]; then

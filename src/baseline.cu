@@ -92,11 +92,8 @@ struct mok_gpu_layer {
    * launch covers every expert whatever its rows. */
   mokImpl_t fwd_impl;
   int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
-  /* mokImplMega (one GPU): the device schedule's arrays; host_stale: the host copies of the
-   * schedule (seg_cnt, seg_off, send/recv counts) and y_ret are not filled (the backward
-   * fetches them) */
+  /* mokImplMega (one GPU): the device schedule's arrays (its backward needs no host copy) */
   int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
-  int host_stale;
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
@@ -791,36 +788,25 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "combine", st);
   prof_report(g, "fwd", rows.rank);
-  g->host_stale = 1;
   g->fwd_valid = 1;
   g->fwd_tokens = T;
   return mokSuccess;
 }
 
-/* Before a backward of mokImplMega's forward (the stream was synchronised): the schedule
- * to the host as the baseline's forward leaves it, y_ret (send order) from the padded y;
- * a forward whose input the device schedule refused is refused here. */
-static mokResult_t mega_backward_prologue(mokLayer_t l, cudaStream_t st) {
+/* Before a backward of mokImplMega's forward: a forward whose routes the device schedule
+ * refused is refused here (one 4-byte read: the backward's only wait on the device; the
+ * exchange of refusals has been made already). */
+static mokResult_t mega_backward_check(mokLayer_t l, cudaStream_t st) {
   static const char fn[] = "mokLayerBackward";
   struct mok_gpu_layer *g = l->gpu;
-  const int El = l->local_experts, H = l->cfg.hidden;
-  int32_t bad = 0;
-  CUDA_CHECK(l, cudaMemcpy(&bad, g->d_bad, sizeof bad, cudaMemcpyDeviceToHost));
-  if (bad) {
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st)); /* (pinned) */
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  if (g->h_cnt[0]) {
     g->fwd_valid = 0;
     return mok_error(l, mokInvalidArgument, "%s: the forward's topk_idx held an expert id outside [-1, %d) (found on "
                      "the device; the forward wrote nothing, mokCommGetAsyncError reports where)", fn,
                      l->cfg.num_experts);
   }
-  CUDA_CHECK(l, cudaMemcpy(g->seg_cnt, g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1), cudaMemcpyDeviceToHost));
-  int64_t routes = 0;
-  for (int e = 0; e < El; e++) routes += g->seg_cnt[e];
-  g->send_cnt[0] = g->recv_cnt[0] = routes;
-  g->send_base[0] = g->recv_base[0] = 0;
-  const int64_t rows = g->seg_off[El];
-  if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(g->yp, g->d_map, rows, H, g->yret);
-  CUDA_CHECK(l, cudaGetLastError());
-  g->host_stale = 0;
   return mokSuccess;
 }
 
@@ -838,7 +824,6 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
   g->fwd_valid = 0;
-  g->host_stale = 0;
 
   prof_mark(g, "start", st);
   /* 1. routing to the host (the baseline's one wait), counts and send positions */
@@ -969,6 +954,73 @@ static mokResult_t zero_grad(mokLayer_t l, void *p, int64_t elems, cudaStream_t 
   return mokSuccess;
 }
 
+/* The shared expert's backward (cuBLAS): its weight gradients, and its dX (fp32) in s_f32. */
+static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                   const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
+  const float L = c->swiglu_limit;
+  const cudaDataType gt = c->grad_dtype == mokDtypeBF16 ? BF : F32;
+  if (!Is) return mokSuccess;
+  if (!T) {
+    MOK_CHECK(zero_grad(l, gr->d_s_gate, (int64_t)Is * H, st));
+    MOK_CHECK(zero_grad(l, gr->d_s_up, (int64_t)Is * H, st));
+    return zero_grad(l, gr->d_s_down, (int64_t)H * Is, st);
+  }
+  cublasHandle_t cb = g->cublas;
+  CUBLAS_CHECK(l, cublasSetStream(cb, st));
+  CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, Is, H, dout, BF, H, w->s_down, BF, Is, g->s_f32, F32, Is, 0.f));
+  k_swiglu_bwd<<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_f32, g->s_gu, T, Is, L, g->s_dgu);
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, H, Is, T, dout, BF, H, g->s_act, BF, Is, gr->d_s_down, gt, Is, 0.f));
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu, BF, 2 * Is, in->x, BF, H, gr->d_s_gate, gt, H, 0.f));
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu + Is, BF, 2 * Is, in->x, BF, H, gr->d_s_up, gt, H, 0.f));
+  /* s_f32 now holds the shared dX (dA was consumed by the SwiGLU backward) */
+  CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu, BF, 2 * Is, w->s_gate, BF, H, g->s_f32, F32, H, 0.f));
+  CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu + Is, BF, 2 * Is, w->s_up, BF, H, g->s_f32, F32, H, 1.f));
+  return mokSuccess;
+}
+
+/* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
+ * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
+ * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
+ * expert (cuBLAS), and d_x combined from the padded dX partials through each route's row.
+ * The same kernels and operations as mokImplNccl's backward on the same rows: bitwise its
+ * results. */
+static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                 const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, k = c->topk;
+  const int T = in->num_tokens;
+  const int64_t routes = (int64_t)T * k;
+  const float L = c->swiglu_limit;
+  prof_mark(g, "start", st);
+  if (routes) {
+    k_dtopk<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, g->yp, g->d_route_row, routes, k, H, gr->d_topk_w);
+    k_dy_rows<<<grid_for(routes, 1), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp);
+  }
+  prof_mark(g, "dtopk+dy", st);
+  mokGemmRows_t grows;
+  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
+  mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
+  MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
+  prof_mark(g, "dA+swiglu'", st);
+  MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
+  prof_mark(g, "dX", st);
+  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
+  prof_mark(g, "dWdown", st);
+  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
+  prof_mark(g, "dWgateup", st);
+  MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
+  if (T)
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H, gr->d_x);
+  CUDA_CHECK(l, cudaGetLastError());
+  prof_mark(g, "shared+combine", st);
+  prof_report(g, "bwd", grows.rank);
+  return mokSuccess;
+}
+
 static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                      const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -977,7 +1029,6 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   const int T = in->num_tokens;
   const int64_t routes = (int64_t)T * k, rows = g->seg_off[El];
   const float L = c->swiglu_limit;
-  const cudaDataType gt = c->grad_dtype == mokDtypeBF16 ? BF : F32;
   const size_t gsz = c->grad_dtype == mokDtypeBF16 ? 2 : 4;
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
@@ -994,7 +1045,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
-  if (g->fwd_impl != mokImplBaseline) { /* mok's GEMMs (mokImplNccl, mokImplMega) */
+  if (g->fwd_impl == mokImplNccl) { /* mok's GEMMs */
     mokGemmRows_t grows;
     MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
     mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
@@ -1031,23 +1082,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->send, g->send_cnt, g->send_base,
                             2 * (size_t)H, st));
   prof_mark(g, "scatter+a2a", st);
-  /* shared expert */
-  if (Is) {
-    if (T) {
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, Is, H, dout, BF, H, w->s_down, BF, Is, g->s_f32, F32, Is, 0.f));
-      k_swiglu_bwd<<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_f32, g->s_gu, T, Is, L, g->s_dgu);
-      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, H, Is, T, dout, BF, H, g->s_act, BF, Is, gr->d_s_down, gt, Is, 0.f));
-      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu, BF, 2 * Is, in->x, BF, H, gr->d_s_gate, gt, H, 0.f));
-      CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu + Is, BF, 2 * Is, in->x, BF, H, gr->d_s_up, gt, H, 0.f));
-      /* s_f32 now holds the shared dX (dA was consumed by the SwiGLU backward) */
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu, BF, 2 * Is, w->s_gate, BF, H, g->s_f32, F32, H, 0.f));
-      CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu + Is, BF, 2 * Is, w->s_up, BF, H, g->s_f32, F32, H, 1.f));
-    } else {
-      MOK_CHECK(zero_grad(l, gr->d_s_gate, (int64_t)Is * H, st));
-      MOK_CHECK(zero_grad(l, gr->d_s_up, (int64_t)Is * H, st));
-      MOK_CHECK(zero_grad(l, gr->d_s_down, (int64_t)H * Is, st));
-    }
-  }
+  MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
   if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, g->send, g->d_pos, NULL, T, k, H, gr->d_x);
   prof_mark(g, "shared+combine", st);
@@ -1158,7 +1193,8 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_gate, "grads->d_s_gate", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_up, "grads->d_s_up", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_down, "grads->d_s_down", Is > 0);
-  if (l && l->gpu) { /* every rank says whether it refused, so none waits inside NCCL */
+  if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
+    /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
     char msg[MOK_ERRMSG_LEN];
     snprintf(msg, sizeof msg, "%s", mokGetLastError());
     int first_bad = -1;
@@ -1168,8 +1204,9 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     else if (first_bad >= 0)
       rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its backward input; nothing was written", fn, first_bad);
   }
-  if (rc == mokSuccess && l->gpu->host_stale) rc = mega_backward_prologue(l, st);
-  if (rc == mokSuccess) rc = baseline_backward(l, in, w, d_out, gr, st);
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) rc = mega_backward_check(l, st);
+  if (rc == mokSuccess)
+    rc = l->gpu->fwd_impl == mokImplMega ? mega_backward(l, in, w, d_out, gr, st) : baseline_backward(l, in, w, d_out, gr, st);
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
 }
