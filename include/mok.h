@@ -417,8 +417,9 @@ typedef enum mokImpl {
                           one persistent launch; no host wait in the forward. So far: one GPU
                           (num_ranks 1), sm_90, inter % 128 == 0, hidden % 256 == 0, w_up right
                           after w_gate (else mokNotSupported); the shared expert by cuBLAS before
-                          the launch; the backward is mokImplNccl's (after one host wait). A bad
-                          expert id is found on the device: the forward writes nothing, the
+                          the launch. Its backward runs mok's GEMMs on the forward's rows (no
+                          copies; it waits once for a 4-byte flag). Results bitwise mokImplNccl's.
+                          A bad expert id is found on the device: the forward writes nothing, the
                           communicator's error word records it (mokCommGetAsyncError:
                           mokDeviceError; sticky) and the backward refuses. */
 } mokImpl_t;
