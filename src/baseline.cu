@@ -268,6 +268,33 @@ __global__ void k_dtopk(const uint16_t *__restrict__ dout, const uint16_t *__res
   }
 }
 
+/* mokImplMega's backward, one pass over the routed rows: d_topk_w[q] = <d_out[t], y[row[q]]>
+ * (k_dtopk's sums, in its order), then the same row becomes dY: bf16(w[q] * d_out[t])
+ * (k_dy_rows' values). One warp a route; each lane reads its y elements before it
+ * overwrites them. */
+__global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__restrict__ w,
+                           const int32_t *__restrict__ row, int64_t routes, int k, int H, uint16_t *__restrict__ rows,
+                           float *__restrict__ dw) {
+  int lane = threadIdx.x & 31;
+  for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
+       q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+    int32_t r = row[q];
+    float s = 0.f;
+    if (r >= 0) {
+      const float wt = w[q];
+      const uint16_t *d = dout + (q / k) * H;
+      uint16_t *y = rows + (int64_t)r * H;
+      for (int h = lane; h < H; h += 32) {
+        const float dv = mok_bf16_to_f32(d[h]);
+        s += dv * mok_bf16_to_f32(y[h]);
+        y[h] = mok_f32_to_bf16(wt * dv);
+      }
+    }
+    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    if (lane == 0) dw[q] = s;
+  }
+}
+
 /* send[pos[q]] = bf16(w[q] * d_out[t]). */
 __global__ void k_dy_rows(const uint16_t *__restrict__ dout, const float *__restrict__ w, const int32_t *__restrict__ pos,
                           int64_t routes, int k, int H, uint16_t *__restrict__ dst) {
@@ -996,10 +1023,9 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
   const int64_t routes = (int64_t)T * k;
   const float L = c->swiglu_limit;
   prof_mark(g, "start", st);
-  if (routes) {
-    k_dtopk<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, g->yp, g->d_route_row, routes, k, H, gr->d_topk_w);
-    k_dy_rows<<<grid_for(routes, 1), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp);
-  }
+  if (routes)
+    k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp,
+                                                            gr->d_topk_w);
   prof_mark(g, "dtopk+dy", st);
   mokGemmRows_t grows;
   MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
