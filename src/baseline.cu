@@ -1008,6 +1008,27 @@ static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const
   return mokSuccess;
 }
 
+/* The routed experts' backward with mok's GEMMs on the padded rows (dY in yp): dgu, the dX
+ * partials (bf16, into dxb: [cap, H] fits in the fp32 scratch) and every weight gradient. */
+static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, const mokRankGrads_t *gr, mokBf16 *dxb,
+                                       cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, I = c->inter;
+  const float L = c->swiglu_limit;
+  mokGemmRows_t grows;
+  MOK_CHECK(gemm_rows(l, l->local_experts, g->cap, g->d_seg, &grows));
+  MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
+  prof_mark(g, "dA+swiglu'", st);
+  MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
+  prof_mark(g, "dX", st);
+  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
+  prof_mark(g, "dWdown", st);
+  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
+  prof_mark(g, "dWgateup", st);
+  return mokSuccess;
+}
+
 /* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
  * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
  * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
@@ -1018,32 +1039,24 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
                                  const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
-  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, k = c->topk;
+  const int H = c->hidden, Is = c->shared_inter, k = c->topk;
   const int T = in->num_tokens;
   const int64_t routes = (int64_t)T * k;
-  const float L = c->swiglu_limit;
   prof_mark(g, "start", st);
   if (routes)
     k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp,
                                                             gr->d_topk_w);
   prof_mark(g, "dtopk+dy", st);
-  mokGemmRows_t grows;
-  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
-  mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
-  MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
-  prof_mark(g, "dA+swiglu'", st);
-  MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
-  prof_mark(g, "dX", st);
-  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
-  prof_mark(g, "dWdown", st);
-  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
-  prof_mark(g, "dWgateup", st);
+  mokBf16 *dxb = (mokBf16 *)g->f32;
+  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, st));
   MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
   if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H, gr->d_x);
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
-  prof_report(g, "bwd", grows.rank);
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  prof_report(g, "bwd", rank);
   return mokSuccess;
 }
 
@@ -1072,17 +1085,8 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
                                                              (uint4 *)g->yp);
   prof_mark(g, "dtopk+dy+a2a+gather", st);
   if (g->fwd_impl == mokImplNccl) { /* mok's GEMMs */
-    mokGemmRows_t grows;
-    MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
-    mokBf16 *dxb = (mokBf16 *)g->f32; /* bf16 [cap, H] fits in the fp32 scratch */
-    MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
-    prof_mark(g, "dA+swiglu'", st);
-    MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
-    prof_mark(g, "dX", st);
-    MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
-    prof_mark(g, "dWdown", st);
-    MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
-    prof_mark(g, "dWgateup", st);
+    mokBf16 *dxb = (mokBf16 *)g->f32;
+    MOK_CHECK(mok_expert_backward(l, w, gr, dxb, st));
     if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(dxb, g->d_map, rows, H, g->recv);
   } else {
     MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
