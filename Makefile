@@ -66,7 +66,7 @@ TEST_C  := $(wildcard tests/*.c)
 TEST_CU := $(wildcard tests/*.cu)
 TEST_OBJ := $(TEST_C:tests/%.c=$(B)/obj/tests/%.o) $(TEST_CU:tests/%.cu=$(B)/obj/tests/%.cu.o)
 
-.PHONY: all test run check-header check-readme check-wgmma-guard clean
+.PHONY: all test test-python run check-header check-readme check-wgmma-guard clean
 all: $(B)/libmok.so $(B)/libmok.a $(B)/mok
 
 $(B)/obj/%.o: %.c
@@ -124,8 +124,15 @@ check-wgmma-guard:
 	  echo "check-wgmma-guard: the compile failed, but not on the wgmma rule" >&2; exit 1; }
 	@echo "check-wgmma-guard: ok (a serialised wgmma fails the build)"
 
-test: all $(B)/mok_tests check-header check-readme check-wgmma-guard
+# The Python binding's tests (python/tests/test_mok.py: the C API through ctypes anywhere, the
+# PyTorch layer where torch and a GPU exist) run first; the C suite's summary line ends the run.
+PYTHON ?= python3
+test: all $(B)/mok_tests check-header check-readme check-wgmma-guard test-python
 	$(B)/mok_tests $(TESTS)
+
+test-python: $(B)/libmok.so
+	@if command -v $(PYTHON) >/dev/null 2>&1; then MOK_LIBRARY=$(abspath $(B)/libmok.so) $(PYTHON) python/tests/test_mok.py $(PYTESTS); \
+	else echo "python: skipped: no $(PYTHON) on PATH (the binding's tests need it)"; fi
 
 run: all
 	$(B)/mok run

@@ -394,6 +394,24 @@ mokResult_t mokLocalCommsCreate(int ngpus, const int *devices, const mokCommConf
  * NULL. NULL entries are skipped. */
 mokResult_t mokLocalCommsDestroy(int ngpus, mokComm_t *comms);
 
+/* One process per GPU (torchrun, MPI) without an NCCL communicator of the caller's own:
+ * rank 0 makes an id, sends its bytes to every rank by any means (torch.distributed,
+ * MPI, a file), and every rank calls mokCommInitRank with it. */
+typedef struct mokUniqueId {
+  char internal[128]; /* an ncclUniqueId */
+} mokUniqueId_t;
+
+/* Host only. [OUT] id: a fresh id (ncclGetUniqueId). */
+mokResult_t mokGetUniqueId(mokUniqueId_t *id);
+
+/* Collective over num_ranks processes or threads, each with the same id. Creates this
+ * rank's NCCL communicator on `device` (ncclCommInitRank) and the mok comm on it, which
+ * owns it (mokCommDestroy destroys both). The caller's current device is kept.
+ * [OUT] comm  [IN] num_ranks 1 .. 72, rank 0 .. num_ranks-1, id, device >= 0,
+ * config (NULL = defaults) */
+mokResult_t mokCommInitRank(mokComm_t *comm, int num_ranks, const mokUniqueId_t *id, int rank, int device,
+                            const mokCommConfig_t *config);
+
 /* Runs fn(comms[r], r, arg) for every rank r on its own thread, with the rank's
  * device current, and waits for all. Returns the first failing status (rank order);
  * its message names the rank. [IN] ngpus, comms[ngpus], fn */

@@ -807,6 +807,57 @@ extern "C" mokResult_t mokLocalCommsDestroy(int ngpus, mokComm_t *comms) {
   return st;
 }
 
+static_assert(sizeof(mokUniqueId_t) == sizeof(ncclUniqueId), "mokUniqueId_t holds an ncclUniqueId");
+
+extern "C" mokResult_t mokGetUniqueId(mokUniqueId_t *id) {
+  static const char fn[] = "mokGetUniqueId";
+  mok_clear_error();
+  if (!id) return mok_error(NULL, mokInvalidArgument, "%s: id is NULL", fn);
+  ncclUniqueId u;
+  ncclResult_t r = ncclGetUniqueId(&u);
+  if (r != ncclSuccess) return mok_error(NULL, mokNcclError, "%s: ncclGetUniqueId failed: %s", fn, ncclGetErrorString(r));
+  memcpy(id->internal, &u, sizeof u);
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mokCommInitRank(mokComm_t *comm, int num_ranks, const mokUniqueId_t *id, int rank, int device,
+                                       const mokCommConfig_t *config) {
+  static const char fn[] = "mokCommInitRank";
+  mok_clear_error();
+  if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
+  if (!id) return mok_error(NULL, mokInvalidArgument, "%s: id is NULL", fn);
+  if (num_ranks < 1 || num_ranks > MOK_COMM_MAX_RANKS)
+    return mok_error(NULL, mokInvalidArgument, "%s: num_ranks = %d: must be 1 .. %d", fn, num_ranks,
+                     MOK_COMM_MAX_RANKS);
+  if (rank < 0 || rank >= num_ranks)
+    return mok_error(NULL, mokInvalidArgument, "%s: rank = %d: must be 0 .. %d", fn, rank, num_ranks - 1);
+  if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device = %d is negative", fn, device);
+  mokCommConfig_t cfg;
+  MOK_CHECK(config_validate(fn, config, &cfg));
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (device >= count)
+    return mok_error(NULL, count ? mokInvalidArgument : mokNotSupported,
+                     "%s: device %d does not exist (%d CUDA device(s) visible)", fn, device, count);
+  int prev = dev_enter(device);
+  ncclUniqueId u;
+  memcpy(&u, id->internal, sizeof u);
+  ncclComm_t nccl = NULL;
+  ncclResult_t r = ncclCommInitRank(&nccl, num_ranks, u, rank);
+  mokResult_t st = mokSuccess;
+  if (r != ncclSuccess) {
+    st = mok_error(NULL, mokNcclError, "%s: rank %d of %d: ncclCommInitRank failed: %s", fn, rank, num_ranks,
+                   ncclGetErrorString(r));
+  } else if ((st = comm_create(comm, nccl, &cfg, 1)) != mokSuccess) {
+    ncclCommAbort(nccl);  // comm_create failed on every rank alike; it left the NCCL comm to us
+  }
+  dev_leave(prev, device);
+  return st;
+}
+
 extern "C" mokResult_t mokLocalRun(int ngpus, mokComm_t *comms, mokLocalFn_t fn_, void *arg) {
   static const char fn[] = "mokLocalRun";
   mok_clear_error();

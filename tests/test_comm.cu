@@ -142,6 +142,99 @@ MOK_TEST(comm_local_validation) {
   CHECK_STATUS(mokLocalCommsDestroy(-1, comms), mokInvalidArgument);
 }
 
+MOK_TEST(comm_init_rank_validation) {
+  mokUniqueId_t id;
+  memset(&id, 0, sizeof id);
+  mokComm_t c = (mokComm_t)0x1;
+  CHECK_STATUS(mokGetUniqueId(NULL), mokInvalidArgument);
+  CHECK_STATUS(mokCommInitRank(NULL, 1, &id, 0, 0, NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "comm is NULL") != NULL);
+  CHECK_STATUS(mokCommInitRank(&c, 1, NULL, 0, 0, NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "id is NULL") != NULL);
+  CHECK_STATUS(mokCommInitRank(&c, 0, &id, 0, 0, NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "num_ranks = 0") != NULL);
+  CHECK_STATUS(mokCommInitRank(&c, 73, &id, 0, 0, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokCommInitRank(&c, 2, &id, 2, 0, NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "rank = 2") != NULL);
+  CHECK_STATUS(mokCommInitRank(&c, 2, &id, -1, 0, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokCommInitRank(&c, 1, &id, 0, -3, NULL), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "device = -3") != NULL);
+  mokCommConfig_t cc = MOK_COMM_CONFIG_INITIALIZER;
+  cc.timeout_ms = -5;
+  CHECK_STATUS(mokCommInitRank(&c, 1, &id, 0, 0, &cc), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "timeout_ms") != NULL);
+  mokResult_t st = mokCommInitRank(&c, 1, &id, 0, 1000, NULL);
+  CHECK(st == mokInvalidArgument || st == mokNotSupported);
+  CHECK(strstr(mokGetLastError(), "does not exist") != NULL);
+  CHECK(c == (mokComm_t)0x1);
+}
+
+typedef struct {
+  int rank, n;
+  mokUniqueId_t id;
+  mokComm_t comm;
+  mokResult_t st;
+  char msg[MOK_ERRMSG_LEN];
+} init_rank_job;
+
+static void *init_rank_thread(void *p) {
+  init_rank_job *j = (init_rank_job *)p;
+  cudaSetDevice(0);  // the call must use its `device` argument and leave this one current
+  j->st = mokCommInitRank(&j->comm, j->n, &j->id, j->rank, j->rank, NULL);
+  snprintf(j->msg, sizeof j->msg, "%s", mokGetLastError());
+  int cur = -1;
+  cudaGetDevice(&cur);
+  if (j->st == mokSuccess && cur != 0) {
+    j->st = mokInternalError;
+    snprintf(j->msg, sizeof j->msg, "current device %d after mokCommInitRank, not the caller's 0", cur);
+  }
+  return NULL;
+}
+
+static mokResult_t expect_no_async_error(mokComm_t comm);
+
+static mokResult_t init_rank_barriers(mokComm_t comm, int rank, void *arg) {
+  cudaStream_t s;
+  if (cudaStreamCreate(&s) != cudaSuccess) return mokCudaError;
+  mokResult_t st = mok_comm_launch_barriers(comm, 4, 128, 100, 1, 7, s);
+  if (cudaStreamSynchronize(s) != cudaSuccess && st == mokSuccess) st = mokCudaError;
+  cudaStreamDestroy(s);
+  return st == mokSuccess ? expect_no_async_error(comm) : st;
+}
+
+/* A comm per GPU made the way a process per GPU makes it (here a thread per GPU), then
+ * used: its barrier kernel runs on the layer's ranks. */
+MOK_GPU_TEST(comm_gpu_init_rank, 1) {
+  int n = local_gpus();
+  init_rank_job jobs[MAX_GPUS];
+  pthread_t th[MAX_GPUS];
+  memset(jobs, 0, sizeof jobs);
+  mokUniqueId_t id;
+  CHECK_OK(mokGetUniqueId(&id));
+  for (int r = 0; r < n; r++) {
+    jobs[r].rank = r;
+    jobs[r].n = n;
+    jobs[r].id = id;
+    CHECK(pthread_create(&th[r], NULL, init_rank_thread, &jobs[r]) == 0);
+  }
+  for (int r = 0; r < n; r++) pthread_join(th[r], NULL);
+  mokComm_t comms[MAX_GPUS];
+  int ok = 1;
+  for (int r = 0; r < n; r++) {
+    comms[r] = jobs[r].comm;
+    if (jobs[r].st != mokSuccess) ok = 0;
+  }
+  CHECK_MSG(ok, "rank 0: %s; rank %d: %s", jobs[0].msg, n - 1, jobs[n - 1].msg);
+  for (int r = 0; r < n; r++) {
+    int rank = -1, nranks = -1, dev = -1;
+    CHECK_OK(mokCommRankInfo(comms[r], &rank, &nranks, &dev));
+    CHECK(rank == r && nranks == n && dev == r);
+  }
+  mokResult_t st = mokLocalRun(n, comms, init_rank_barriers, NULL);
+  CHECK_MSG(st == mokSuccess, "%s", mokGetLastError());
+  CHECK_OK(mokLocalCommsDestroy(n, comms));  // destroys the NCCL comms they own
+}
+
 MOK_TEST(comm_errword_layout) {
   unsigned long long w = MOK_ERRWORD(MOK_DEVERR_TIMEOUT, MOK_WAIT_PEER, 71, 0xdeadbeefu);
   CHECK(w != 0);

@@ -1,0 +1,560 @@
+"""Tests of mok's Python binding: `python3 python/tests/test_mok.py [name ...]`.
+
+The C-API tests run anywhere libmok.so loads; the PyTorch tests need torch and a GPU (they
+are skipped, saying why, otherwise). Results are checked against mok.reference_moe, the layer
+in float64 PyTorch with mok's bf16 rounding points, differentiated by autograd: relative L2
+error < 1e-2 for the output and every gradient (the C tests' tolerance against the C
+reference; bf16 storage gives ~3e-3). Fresh random inputs each run (MOK_TEST_SEED fixes them).
+Ends with "python: N passed, N failed, N skipped"; exits 1 on any failure.
+"""
+
+import os
+import random
+import re
+import sys
+import tempfile
+import time
+import traceback
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.join(HERE, ".."))
+
+import mok  # noqa: E402
+from mok import capi  # noqa: E402
+
+SEED = int(os.environ.get("MOK_TEST_SEED", str(int(time.time() * 1000) % 1000003)))
+TESTS = []
+
+
+class Skip(Exception):
+    pass
+
+
+def test(fn):
+    TESTS.append(fn)
+    return fn
+
+
+def torch_gpu():
+    try:
+        import torch
+    except ImportError as e:
+        raise Skip("PyTorch not installed (%s)" % e)
+    if not torch.cuda.is_available():
+        raise Skip("no CUDA GPU visible to PyTorch")
+    return torch
+
+
+def raises(exc, fn, *words):
+    try:
+        fn()
+    except exc as e:
+        for w in words:
+            assert w in str(e), "message %r lacks %r" % (str(e), w)
+        return e
+    raise AssertionError("%s not raised" % exc.__name__)
+
+
+# ---- the C API (no torch) ------------------------------------------------------------------
+@test
+def version_matches_header():
+    h = open(os.path.join(HERE, "..", "..", "include", "mok.h")).read()
+    part = [int(re.search(r"#define MOK_VERSION_%s (\d+)" % n, h).group(1)) for n in ("MAJOR", "MINOR", "PATCH")]
+    assert mok.version() == part[0] * 10000 + part[1] * 100 + part[2], (mok.version(), part)
+
+
+@test
+def config_from_model():
+    assert "glm-5.2" in mok.models() and "qwen3.5-397b-a17b" in mok.models()
+    c = mok.Config("glm-5.2", max_tokens=4096)
+    assert (c.num_experts, c.hidden, c.inter, c.topk, c.shared_inter) == (256, 6144, 2048, 8, 2048), c
+    assert c.max_tokens == 4096 and c.num_ranks == 1 and c.grad_dtype == "bf16"
+    v = c.validated()
+    assert v.row_pad > 0 and v.row_pad % 64 == 0  # the library's default filled in
+    c.grad_dtype = "fp32"
+    assert c.grad_dtype == "fp32"
+
+
+@test
+def config_errors_name_the_field():
+    e = raises(mok.MokError, lambda: mok.Config("no-such-model"), "unknown model", "no-such-model", "glm-5.2")
+    assert e.status == 1 and e.name == "mokInvalidArgument"
+    raises(mok.MokError, lambda: mok.Config(num_experts=8, hidden=100, inter=128, topk=2, max_tokens=16).validated(),
+           "hidden")
+    raises(mok.MokError, lambda: mok.Config(num_experts=8, hidden=128, inter=128, topk=9, max_tokens=16).validated(),
+           "topk")
+    raises(AttributeError, lambda: mok.Config(hiden=128), "hiden", "hidden")
+    raises(ValueError, lambda: mok.Config(grad_dtype="fp16"), "grad_dtype")
+
+
+@test
+def comm_argument_errors():
+    raises(ValueError, lambda: mok.Comm(0, num_ranks=2), "unique_id")
+    raises(ValueError, lambda: mok.Comm(0, unique_id=b"short"), "128 bytes")
+    e = raises(mok.MokError, lambda: mok.Comm(0, num_ranks=2, rank=2, unique_id=bytes(128)), "rank = 2")
+    assert e.status == 1
+    raises(mok.MokError, lambda: mok.Comm(-1), "device = -1")
+    raises(mok.MokError, lambda: mok.Comm(0, timeout_ms=-1), "timeout_ms")
+
+
+@test
+def unique_ids_are_fresh():
+    a, b = mok.get_unique_id(), mok.get_unique_id()
+    assert isinstance(a, bytes) and len(a) == 128 and a != b
+
+
+@test
+def comm_without_gpu_is_refused():
+    try:
+        import torch
+        if torch.cuda.is_available():
+            raise Skip("a GPU is visible: the refusal is for machines without one")
+    except ImportError:
+        pass
+    if os.path.exists("/dev/nvidia0"):
+        raise Skip("a GPU is present")
+    e = raises(mok.MokError, lambda: mok.Comm(0), "does not exist")
+    assert e.name == "mokNotSupported", e
+
+
+def torch_only():
+    try:
+        import torch
+    except ImportError as e:
+        raise Skip("PyTorch not installed (%s)" % e)
+    return torch
+
+
+@test
+def torch_reference_matches_c_reference():
+    """mok.reference_moe (PyTorch, float64 autograd), which the GPU tests below check against,
+    equals mok's own float64 CPU reference (mokReferenceForward/Backward) on the CPU: rel L2
+    < 1e-2 (bf16 outputs on both sides), over every awkward routing, the clamp and no shared
+    expert."""
+    torch = torch_only()
+    for mode, limit, shared, T in (("random", 0.0, True, 70), ("dup_empty", 1.0, True, 53), ("one_expert", 0.0, False, 20),
+                                   ("uneven", 0.5, True, 90)):
+        gen = torch.Generator().manual_seed(SEED * 17 + T)
+        f = dict(SMALL, swiglu_limit=limit, max_tokens=T, shared_inter=SMALL["shared_inter"] if shared else 0)
+        E, H, I, k, Is = f["num_experts"], f["hidden"], f["inter"], f["topk"], f["shared_inter"]
+        shapes = ((E, I, H), (E, I, H), (E, H, I), (Is, H), (Is, H), (H, Is))
+        ws = [(torch.randn(sh, generator=gen) * 0.05).to(torch.bfloat16) for sh in shapes]
+        idx, w = routing(torch, T, E, k, mode, gen)
+        x = torch.randn((T, H), generator=gen).to(torch.bfloat16)
+        d = torch.randn((T, H), generator=gen).to(torch.bfloat16)
+        idx32, w32 = idx.to(torch.int32).contiguous(), w.float().contiguous()
+        out = torch.empty((T, H), dtype=torch.bfloat16)
+        grads = [torch.empty((T, H), dtype=torch.bfloat16), torch.empty((T, k))] + [torch.empty(sh, dtype=torch.bfloat16)
+                                                                                    for sh in shapes]
+        ptr = lambda t: t.data_ptr() if t.numel() else None  # noqa: E731
+        capi.reference(mok.Config(**f), T, x.data_ptr(), idx32.data_ptr(), w32.data_ptr(), [ptr(t) for t in ws],
+                       out.data_ptr(), d.data_ptr(), [ptr(t) for t in grads])
+        leaf = lambda t: t.detach().double().requires_grad_()  # noqa: E731
+        xr, wr, wl = leaf(x), leaf(w32), [leaf(t) for t in ws]
+        ref = mok.reference_moe(xr, idx, wr, *wl[:3], *(wl[3:] if shared else (None,) * 3), swiglu_limit=limit)
+        ref.backward(d.double())
+        names = ("out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up", "d_s_down")
+        for n, a, b in zip(names, [ref, xr.grad, wr.grad] + [t.grad for t in wl], [out] + grads):
+            if n.startswith("d_s_") and not shared:
+                continue
+            a = torch.zeros(b.shape, dtype=torch.float64) if a is None else a
+            e = rel_l2(b, a)
+            assert e < 1e-2, "%s, clamp %g: %s rel L2 %.3g >= 1e-2" % (mode, limit, n, e)
+
+
+# ---- PyTorch on a GPU --------------------------------------------------------------------------
+SMALL = dict(num_experts=16, hidden=256, inter=128, topk=4, shared_inter=128)
+
+
+def routing(torch, T, E, k, mode, gen):
+    """topk_idx [T, k] int64 and topk_w [T, k] float32 for an awkward-case mode."""
+    if mode == "random":
+        idx = torch.rand((T, E), generator=gen).argsort(dim=1)[:, :k]
+    elif mode == "dup_empty":  # duplicate experts in a token, -1 slots, experts 0-3 never used
+        idx = torch.randint(4, E, (T, k), generator=gen)
+        idx[torch.rand((T, k), generator=gen) < 0.2] = -1
+    elif mode == "one_expert":
+        idx = torch.full((T, k), 5, dtype=torch.int64)
+    elif mode == "uneven":  # Zipf-like: a few hot experts
+        p = torch.tensor([1.0 / (i + 1) ** 1.2 for i in range(E)])
+        idx = torch.multinomial(p.expand(T, E), k, replacement=False, generator=gen)
+    else:
+        raise ValueError(mode)
+    w = torch.rand((T, k), generator=gen) + 0.1
+    return idx, w
+
+
+def rel_l2(a, b):
+    a, b = a.double(), b.double()
+    den = b.norm().item()
+    num = (a - b).norm().item()
+    return num / den if den else num
+
+
+def check_layer(torch, impl, mode, T, limit=0.0, shared=True, seed=0):
+    gen = torch.Generator().manual_seed(SEED * 131 + seed)
+    fields = dict(SMALL, swiglu_limit=limit)
+    if not shared:
+        fields["shared_inter"] = 0
+    m = mok.MoE(max_tokens=max(T, 1), impl=impl, **fields)
+    with torch.no_grad():  # deterministic weights from our generator
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    dev = m.w_down.device
+    E, H, k = SMALL["num_experts"], SMALL["hidden"], SMALL["topk"]
+    idx, w = routing(torch, T, E, k, mode, gen)
+    x = (torch.randn((T, H), generator=gen)).to(torch.bfloat16).to(dev).requires_grad_()
+    idx, w = idx.to(dev), w.to(dev).requires_grad_()
+    d_out = torch.randn((T, H), generator=gen).to(torch.bfloat16).to(dev)
+    out = m(x, idx, w)
+    out.backward(d_out)
+    torch.cuda.synchronize()
+    err = m.comm.async_error()
+    assert err is None, err
+
+    leaf = lambda t: t.detach().double().requires_grad_()  # noqa: E731
+    xr, wr = leaf(x), leaf(w)
+    wg, wu, wd = leaf(m.w_gate_up[0]), leaf(m.w_gate_up[1]), leaf(m.w_down)
+    s = (leaf(m.s_gate_up[0]), leaf(m.s_gate_up[1]), leaf(m.s_down)) if shared else (None, None, None)
+    ref = mok.reference_moe(xr, idx, wr, wg, wu, wd, *s, swiglu_limit=limit)
+    ref.backward(d_out.double())
+    pairs = [("out", out, ref), ("d_x", x.grad, xr.grad), ("d_topk_w", w.grad, wr.grad),
+             ("d_w_gate", m.w_gate_up.grad[0], wg.grad), ("d_w_up", m.w_gate_up.grad[1], wu.grad),
+             ("d_w_down", m.w_down.grad, wd.grad)]
+    if shared:
+        pairs += [("d_s_gate", m.s_gate_up.grad[0], s[0].grad), ("d_s_up", m.s_gate_up.grad[1], s[1].grad),
+                  ("d_s_down", m.s_down.grad, s[2].grad)]
+    for name, got, want in pairs:
+        if T == 0 and name in ("out", "d_x", "d_topk_w"):
+            assert got.numel() == 0
+            continue
+        assert got is not None, "%s: no gradient" % name
+        if want is None:  # the reference's graph never reached it (no tokens): zero
+            want = torch.zeros_like(got)
+        e = rel_l2(got, want)
+        assert e < 1e-2, "impl %s, %s, T=%d: %s rel L2 %.3g >= 1e-2" % (impl, mode, T, name, e)
+    m.layer.close()
+    m.comm.close()
+
+
+@test
+def moe_matches_reference_auto():
+    torch = torch_gpu()
+    check_layer(torch, "auto", "random", 200, seed=1)
+    check_layer(torch, "auto", "dup_empty", 137, limit=1.0, seed=2)
+    check_layer(torch, "auto", "one_expert", 64, shared=False, seed=3)
+    check_layer(torch, "auto", "uneven", 250, limit=0.5, seed=4)
+
+
+@test
+def moe_matches_reference_mega():
+    torch = torch_gpu()
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise Skip("mokImplMega needs sm_90")
+    check_layer(torch, "mega", "random", 200, seed=5)
+    check_layer(torch, "mega", "dup_empty", 137, limit=1.0, seed=6)
+    check_layer(torch, "mega", "one_expert", 64, shared=False, seed=7)
+    check_layer(torch, "mega", "uneven", 250, limit=0.5, seed=8)
+
+
+@test
+def moe_matches_reference_baseline():
+    torch = torch_gpu()
+    check_layer(torch, "baseline", "random", 200, seed=9)
+    check_layer(torch, "baseline", "dup_empty", 137, limit=1.0, seed=10)
+
+
+@test
+def moe_zero_tokens():
+    torch = torch_gpu()
+    check_layer(torch, "auto", "random", 0, seed=11)
+
+
+def small_layer(torch, impl="auto", seed=0, **kw):
+    gen = torch.Generator().manual_seed(SEED * 7 + seed)
+    m = mok.MoE(max_tokens=256, impl=impl, **dict(SMALL, **kw))
+    with torch.no_grad():
+        for p in m.parameters():
+            p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
+    return m, gen
+
+
+def inputs(torch, m, T, gen):
+    dev = m.w_down.device
+    idx, w = routing(torch, T, SMALL["num_experts"], SMALL["topk"], "random", gen)
+    x = torch.randn((T, SMALL["hidden"]), generator=gen).to(torch.bfloat16).to(dev)
+    d = torch.randn((T, SMALL["hidden"]), generator=gen).to(torch.bfloat16).to(dev)
+    return x, idx.to(dev), w.to(dev), d
+
+
+def grads_of(torch, m, x, idx, w, d):
+    """out and [d_x, d_topk_w, every parameter's gradient] of one forward + backward."""
+    x, w = x.clone().requires_grad_(), w.clone().requires_grad_()
+    for p in m.parameters():
+        p.grad = None
+    out = m(x, idx, w)
+    out.backward(d)
+    return out, [x.grad, w.grad] + [p.grad.clone() for p in m.parameters()]
+
+
+@test
+def split_weights_equal_fused():
+    torch = torch_gpu()
+    m, gen = small_layer(torch, "nccl", seed=12)
+    x, idx, w, d = inputs(torch, m, 150, gen)
+    fused, _ = grads_of(torch, m, x, idx, w, d)
+    xs = x.clone().requires_grad_()
+    wg, wu = m.w_gate_up[0].detach().clone().requires_grad_(), m.w_gate_up[1].detach().clone().requires_grad_()
+    out = mok.moe(m.layer, xs, idx, w, wg, wu, m.w_down, m.s_gate_up[0].contiguous(), m.s_gate_up[1].contiguous(),
+                  m.s_down, impl="nccl")
+    assert torch.equal(out, fused), "split weights: a different output"
+    out.backward(d)
+    grads_of(torch, m, x, idx, w, d)  # the fused path's weight gradients into m's parameters
+    assert torch.equal(wg.grad, m.w_gate_up.grad[0]) and torch.equal(wu.grad, m.w_gate_up.grad[1])
+    m.layer.close()
+    m.comm.close()
+
+
+@test
+def backward_after_another_forward():
+    """Two micro-batches forward, then their backwards in reverse order: the first backward
+    finds the layer holding the second forward's state and runs its forward again. Gradients
+    equal, bitwise, those of each micro-batch alone."""
+    torch = torch_gpu()
+    for impl in ("auto", "mega"):
+        m, gen = small_layer(torch, impl, seed=13)
+        a, b = inputs(torch, m, 120, gen), inputs(torch, m, 90, gen)
+        alone = []
+        for xin, idx, w, d in (a, b):
+            _, g = grads_of(torch, m, xin, idx, w, d)
+            alone.append(g)
+        xa, wa = a[0].clone().requires_grad_(), a[2].clone().requires_grad_()
+        xb, wb = b[0].clone().requires_grad_(), b[2].clone().requires_grad_()
+        for p in m.parameters():
+            p.grad = None
+        oa = m(xa, a[1], wa)
+        ob = m(xb, b[1], wb)
+        ob.backward(b[3])
+        gb = [p.grad.clone() for p in m.parameters()]
+        for p in m.parameters():
+            p.grad = None
+        oa.backward(a[3])
+        ga = [p.grad.clone() for p in m.parameters()]
+        assert torch.equal(xa.grad, alone[0][0]) and torch.equal(wa.grad, alone[0][1]), impl
+        assert torch.equal(xb.grad, alone[1][0]) and torch.equal(wb.grad, alone[1][1]), impl
+        for g, want in zip(ga, alone[0][2:]):
+            assert torch.equal(g, want), "%s: first micro-batch's weight gradient differs" % impl
+        for g, want in zip(gb, alone[1][2:]):
+            assert torch.equal(g, want), "%s: second micro-batch's weight gradient differs" % impl
+        m.layer.close()
+        m.comm.close()
+
+
+@test
+def input_dtypes_and_shapes():
+    """int32 / int64 topk_idx, float32 / bf16 topk_w, leading dimensions: the same results;
+    topk_w's gradient comes back in its own dtype."""
+    torch = torch_gpu()
+    m, gen = small_layer(torch, "auto", seed=14)
+    x, idx, w, d = inputs(torch, m, 128, gen)
+    out, g = grads_of(torch, m, x, idx, w, d)
+    out32, g32 = grads_of(torch, m, x, idx.to(torch.int32), w, d)
+    assert torch.equal(out, out32) and all(torch.equal(a, b) for a, b in zip(g, g32))
+    wb = w.to(torch.bfloat16).requires_grad_()
+    outb = m(x, idx, wb)
+    outb.backward(d)
+    assert wb.grad.dtype == torch.bfloat16
+    x3 = x.reshape(4, 32, -1)
+    out3 = m(x3, idx.reshape(4, 32, -1), w.reshape(4, 32, -1))
+    assert out3.shape == (4, 32, SMALL["hidden"]) and torch.equal(out3.reshape(128, -1), out)
+    m.layer.close()
+    m.comm.close()
+
+
+@test
+def bad_inputs_are_refused():
+    torch = torch_gpu()
+    m, gen = small_layer(torch, "auto", seed=15)
+    x, idx, w, d = inputs(torch, m, 64, gen)
+    raises(ValueError, lambda: m(x.float(), idx, w), "x is torch.float32")
+    raises(ValueError, lambda: m(x.cpu(), idx.cpu(), w.cpu()), "x is on cpu")
+    raises(ValueError, lambda: m(x, idx[:, :2], w[:, :2]), "topk_idx has shape")
+    raises(ValueError, lambda: m(x, idx.float(), w), "integer")
+    big = torch.zeros((300, SMALL["hidden"]), dtype=torch.bfloat16, device=x.device)
+    raises(ValueError, lambda: m(big, idx.new_zeros((300, 4)), w.new_ones((300, 4))), "max_tokens=256")
+    bad = idx.clone()
+    bad[3, 1] = SMALL["num_experts"]
+    raises(mok.MokError, lambda: m(x, bad, w), "topk_idx[3, 1] = 16")  # checked before anything is written
+    out = m(x, idx, w)  # the layer still works
+    assert torch.isfinite(out.float()).all()
+    m.layer.close()
+    raises(mok.MokError, lambda: m(x, idx, w), "after close")
+    m.comm.close()
+
+
+@test
+def mega_bad_expert_id_reported_on_device():
+    """mokImplMega finds a bad expert id on the device: the forward returns, the comm's async
+    error says mokDeviceError and the backward refuses."""
+    torch = torch_gpu()
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise Skip("mokImplMega needs sm_90")
+    m, gen = small_layer(torch, "mega", seed=16)
+    x, idx, w, d = inputs(torch, m, 64, gen)
+    bad = idx.clone()
+    bad[10, 0] = 99
+    xg = x.clone().requires_grad_()
+    out = m(xg, bad, w)
+    torch.cuda.synchronize()
+    err = m.comm.async_error()
+    assert err is not None and err.name == "mokDeviceError", err
+    raises(mok.MokError, lambda: out.backward(d))
+    m.layer.close()
+    m.comm.close()
+
+
+@test
+def comm_over_process_group():
+    torch = torch_gpu()
+    import torch.distributed as dist
+    if dist.is_initialized():
+        raise Skip("a process group is already initialised")
+    with tempfile.TemporaryDirectory() as tmp:
+        dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "pg"), rank=0, world_size=1)
+        try:
+            c = mok.comm_from_process_group()
+            assert (c.rank, c.num_ranks, c.device) == (0, 1, torch.cuda.current_device())
+            m = mok.MoE(max_tokens=64, comm=c, **SMALL)
+            assert m.config.num_ranks == 1 and m.layer.local_experts == SMALL["num_experts"]
+            m.layer.close()
+            c.close()
+        finally:
+            dist.destroy_process_group()
+
+
+@test
+def mega_forward_in_cuda_graph():
+    """mokImplMega's forward has no host wait, so it can be captured in a CUDA graph (the
+    schedule, the shared expert on cuBLAS, the megakernel, the combine) and replayed on new
+    inputs written into the captured tensors."""
+    torch = torch_gpu()
+    if torch.cuda.get_device_capability() != (9, 0):
+        raise Skip("mokImplMega needs sm_90")
+    m, gen = small_layer(torch, "mega", seed=17)
+    x, idx, w, _ = inputs(torch, m, 100, gen)
+    x2, idx2, w2, _ = inputs(torch, m, 100, gen)
+    with torch.no_grad():
+        want1, want2 = m(x, idx, w).clone(), m(x2, idx2, w2).clone()
+        s = torch.cuda.Stream()
+        s.wait_stream(torch.cuda.current_stream())
+        with torch.cuda.stream(s):
+            m(x, idx, w)
+        torch.cuda.current_stream().wait_stream(s)
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.graph(g):
+            out = m(x, idx, w)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want1), "replay 1 differs from eager"
+        x.copy_(x2), idx.copy_(idx2), w.copy_(w2)
+        g.replay()
+        torch.cuda.synchronize()
+        assert torch.equal(out, want2), "replay on new inputs differs from eager"
+    assert m.comm.async_error() is None
+    del g
+    m.layer.close()
+    m.comm.close()
+
+
+def _two_rank_worker(rank, n, tmp, seed):
+    import torch
+    import torch.distributed as dist
+    torch.cuda.set_device(rank)
+    dist.init_process_group("gloo", init_method="file://" + os.path.join(tmp, "pg"), rank=rank, world_size=n)
+    try:
+        gen = torch.Generator().manual_seed(seed)  # the same stream on every rank: every rank's data
+        E, H, I, k, Is = (SMALL[f] for f in ("num_experts", "hidden", "inter", "topk", "shared_inter"))
+        El, dev = E // n, torch.device("cuda", rank)
+        W = [(torch.randn(sh, generator=gen) * 0.05).to(torch.bfloat16)
+             for sh in ((E, I, H), (E, I, H), (E, H, I), (Is, H), (Is, H), (H, Is))]
+        T = [120, 77, 0, 33][:n]
+        data = []
+        for r in range(n):
+            idx, w = routing(torch, T[r], E, k, "uneven" if r else "random", gen)
+            data.append((torch.randn((T[r], H), generator=gen).to(torch.bfloat16), idx, w,
+                         torch.randn((T[r], H), generator=gen).to(torch.bfloat16)))
+        comm = mok.comm_from_process_group(device=rank)
+        m = mok.MoE(max_tokens=128, comm=comm, **SMALL)
+        with torch.no_grad():
+            sl = slice(rank * El, (rank + 1) * El)
+            m.w_gate_up[0].copy_(W[0][sl]), m.w_gate_up[1].copy_(W[1][sl]), m.w_down.copy_(W[2][sl])
+            m.s_gate_up[0].copy_(W[3]), m.s_gate_up[1].copy_(W[4]), m.s_down.copy_(W[5])
+        x, idx, w, d = (t.to(dev) for t in data[rank])
+        x, w = x.requires_grad_(), w.requires_grad_()
+        out = m(x, idx, w)
+        out.backward(d)
+        leaf = lambda t: t.to(dev).double().requires_grad_()  # noqa: E731
+        cat = [torch.cat([dd[q] for dd in data]).to(dev) for q in range(4)]
+        xr, wr, wl = leaf(cat[0]), leaf(cat[2]), [leaf(t) for t in W]
+        ref = mok.reference_moe(xr, cat[1], wr, *wl)
+        ref.backward(cat[3].double())
+        t0 = sum(T[:rank])
+        rows = slice(t0, t0 + T[rank])
+        # the shared expert's gradients of this rank's tokens alone (mok leaves their all-reduce to the caller)
+        xs, sl_ = leaf(data[rank][0]), [leaf(t) for t in W[3:]]
+        none = torch.full((T[rank], k), -1, dtype=torch.int64, device=dev)
+        mok.reference_moe(xs, none, leaf(data[rank][2]), *wl[:3], *sl_).backward(data[rank][3].to(dev).double())
+        pairs = [("out", out, ref[rows]), ("d_x", x.grad, xr.grad[rows]), ("d_topk_w", w.grad, wr.grad[rows]),
+                 ("d_w_gate", m.w_gate_up.grad[0], wl[0].grad[sl]), ("d_w_up", m.w_gate_up.grad[1], wl[1].grad[sl]),
+                 ("d_w_down", m.w_down.grad, wl[2].grad[sl]), ("d_s_gate", m.s_gate_up.grad[0], sl_[0].grad),
+                 ("d_s_up", m.s_gate_up.grad[1], sl_[1].grad), ("d_s_down", m.s_down.grad, sl_[2].grad)]
+        for name, got, want in pairs:
+            e = rel_l2(got, want)
+            assert e < 1e-2, "rank %d of %d: %s rel L2 %.3g >= 1e-2" % (rank, n, name, e)
+        m.layer.close()
+        comm.close()
+    finally:
+        dist.destroy_process_group()
+
+
+@test
+def moe_two_processes():
+    """A process per GPU (as torchrun runs them): the comm over a torch.distributed group, each
+    rank's local experts, uneven token counts; every rank's output and gradients against the
+    reference over all ranks' tokens."""
+    torch = torch_gpu()
+    n = min(torch.cuda.device_count(), 4)
+    if n < 2:
+        raise Skip("needs 2 GPUs, %d visible" % torch.cuda.device_count())
+    import torch.multiprocessing as tmp_mp
+    with tempfile.TemporaryDirectory() as tmp:
+        tmp_mp.spawn(_two_rank_worker, args=(n, tmp, SEED), nprocs=n, join=True)
+
+
+def main(argv):
+    want = set(argv[1:])
+    passed = failed = skipped = 0
+    print("python: libmok %s, seed %d (MOK_TEST_SEED=%d reproduces)" % (mok.library_path(), SEED, SEED))
+    for fn in TESTS:
+        if want and fn.__name__ not in want:
+            continue
+        t0 = time.time()
+        try:
+            fn()
+        except Skip as s:
+            skipped += 1
+            print("  SKIP %-40s %s" % (fn.__name__, s))
+            continue
+        except Exception:
+            failed += 1
+            print("  FAIL %-40s\n%s" % (fn.__name__, traceback.format_exc()))
+            continue
+        passed += 1
+        print("  ok   %-40s %.2f s" % (fn.__name__, time.time() - t0))
+    print("python: %d passed, %d failed, %d skipped" % (passed, failed, skipped))
+    return 1 if failed else 0
+
+
+if __name__ == "__main__":
+    random.seed(SEED)
+    sys.exit(main(sys.argv))
