@@ -4,6 +4,7 @@
  * checksum, the memory refusal, and `mok info` without a GPU. Runs build/mok (built by
  * `make test` before the tests); skipped if it is missing.
  */
+#include <math.h>
 #include <stdlib.h>
 #include <string.h>
 #include <sys/wait.h>
@@ -106,7 +107,7 @@ MOK_TEST(cli_help_exit_0) {
     CHECK(strstr(out, "usage") != NULL);
   }
   CHECK(run_cli("run --help", out, sizeof out) == 0 && strstr(out, "deepseek-v3") && strstr(out, "zipf") &&
-        strstr(out, "--impl nccl"));
+        strstr(out, "--impl nccl") && strstr(out, "--impl mega"));
   CHECK(run_cli("bench layer --help", out, sizeof out) == 0 && strstr(out, "nccl") && strstr(out, "baseline"));
 }
 
@@ -140,6 +141,43 @@ MOK_TEST(cli_refuses_shapes_too_large_for_the_reference) {
   static char out[1 << 16];
   int rc = run_cli("run --impl cpu --model kimi-k2.7-code --ranks 8 --tokens 16384", out, sizeof out);
   CHECK_MSG(rc == 2 && strstr(out, "GiB"), "rc %d: %s", rc, out);
+}
+
+/* The l2 checksum `mok run` printed for tensor `name` (the last field of its line); -1 if none. */
+static double run_l2(const char *out, const char *name) {
+  char pat[32];
+  snprintf(pat, sizeof pat, "\n%s ", name);
+  const char *p = strstr(out, pat);
+  if (!p) return -1;
+  const char *end = strchr(p + 1, '\n');
+  const char *last = NULL;
+  for (const char *q = p + 1; q < (end ? end : p + strlen(p)); q++)
+    if (*q == ' ' && q[1] != ' ') last = q + 1;
+  return last ? atof(last) : -1;
+}
+
+/* `mok run` on one GPU, every GPU implementation, against `mok run --impl cpu` on the same
+ * seed and shape: the l2 checksum of the output and of every gradient within 1e-2. */
+MOK_GPU_TEST(cli_run_gpu_impls_match_cpu, 1) {
+  NEED_CLI();
+  static char ref[1 << 14], out[1 << 14];
+  const char *shape = "--hidden 256 --inter 128 --experts 8 --topk 2 --shared-inter 128 --ranks 1 --tokens 300 "
+                      "--seed 21 --routing zipf:1.2";
+  char args[512];
+  snprintf(args, sizeof args, "run --impl cpu %s", shape);
+  CHECK_MSG(run_cli(args, ref, sizeof ref) == 0, "%s", ref);
+  static const char *impls[] = {"nccl", "baseline", "mega"};
+  static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                "d_s_down"};
+  for (int i = 0; i < 3; i++) {
+    snprintf(args, sizeof args, "run --impl %s %s", impls[i], shape);
+    const int rc = run_cli(args, out, sizeof out);
+    CHECK_MSG(rc == 0, "mok %s: rc %d: %s", args, rc, out);
+    for (int q = 0; q < 9; q++) {
+      const double a = run_l2(out, names[q]), b = run_l2(ref, names[q]);
+      CHECK_MSG(a > 0 && b > 0 && fabs(a - b) <= 1e-2 * b, "--impl %s: %s l2 %g, cpu %g", impls[i], names[q], a, b);
+    }
+  }
 }
 
 /* How often s occurs in out. */

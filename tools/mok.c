@@ -110,7 +110,7 @@ static void run_help(void) {
   int count = 0;
   const char *name = NULL;
   mokModelName(0, &name, &count);
-  printf("usage: mok run [--impl auto|cpu|nccl|baseline] [--model NAME | --hidden H --inter I --experts E --topk K\n"
+  printf("usage: mok run [--impl auto|cpu|nccl|baseline|mega] [--model NAME | --hidden H --inter I --experts E --topk K\n"
          "               [--shared-inter IS]] [--ranks N] [--tokens T] [--seed S]\n"
          "               [--routing uniform|zipf:S|hot:E] [--grad-dtype bf16|fp32]\n"
          "               [--swiglu-limit L] [--row-pad P]\n"
@@ -121,6 +121,7 @@ static void run_help(void) {
          "  --impl cpu    the float64 CPU reference (DESIGN.md section 2a), N simulated ranks\n"
          "  --impl nccl   the GPU layer: NCCL all-to-all + mok's grouped Hopper GEMMs, one rank per GPU\n"
          "  --impl baseline  the conventional GPU layer: NCCL all-to-all + cuBLAS expert GEMMs\n"
+         "  --impl mega   the forward megakernel (one GPU so far: pass --ranks 1 on a larger machine)\n"
          "  --impl auto   (default) the fastest implementation built for this machine: the GPU\n"
          "                layer on all local GPUs (N = GPU count), else the CPU reference\n"
          "  --model       one of:");
@@ -231,14 +232,19 @@ static int cmd_run(int argc, char **argv) {
       if (!found) return usage_error("run", "unknown option '%s'", a);
     }
   }
-  if (strcmp(impl, "auto") && strcmp(impl, "cpu") && strcmp(impl, "baseline") && strcmp(impl, "nccl"))
-    return usage_error("run", "--impl '%s' is not built: this build has auto, cpu, nccl and baseline", impl);
+  if (strcmp(impl, "auto") && strcmp(impl, "cpu") && strcmp(impl, "baseline") && strcmp(impl, "nccl") &&
+      strcmp(impl, "mega"))
+    return usage_error("run", "--impl '%s' is not built: this build has auto, cpu, nccl, baseline and mega", impl);
   const int gpus = gpu_count();
   /* auto: the GPUs when there are any (one rank per GPU), else the CPU reference */
-  const int on_gpu = !strcmp(impl, "baseline") || !strcmp(impl, "nccl") || (!strcmp(impl, "auto") && gpus > 0);
+  const int on_gpu = !strcmp(impl, "baseline") || !strcmp(impl, "nccl") || !strcmp(impl, "mega") ||
+                     (!strcmp(impl, "auto") && gpus > 0);
   if (on_gpu && gpus == 0)
     return fprintf(stderr, "mok run: --impl %s needs CUDA GPUs and none was found ('mok info')\n", impl), 2;
-  const mokImpl_t gpu_impl = !strcmp(impl, "baseline") ? mokImplBaseline : !strcmp(impl, "nccl") ? mokImplNccl : mokImplAuto;
+  const mokImpl_t gpu_impl = !strcmp(impl, "baseline") ? mokImplBaseline
+                             : !strcmp(impl, "nccl")   ? mokImplNccl
+                             : !strcmp(impl, "mega")   ? mokImplMega
+                                                       : mokImplAuto;
   if (ranks < 0) ranks = on_gpu ? gpus : 4;
   if (on_gpu && ranks > gpus) {
     fprintf(stderr, "mok run: --ranks %ld but %d GPU(s): the GPU layer runs one rank per GPU\n", ranks, gpus);

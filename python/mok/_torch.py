@@ -86,7 +86,7 @@ def _check_weights(layer, fused, weights, device):
 
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, impl, fused, x, topk_idx, topk_w, *weights):
+    def forward(ctx, layer, impl, fused, main_grad, x, topk_idx, topk_w, *weights):
         c = layer.config
         device = torch.device("cuda", layer.comm.device)
         T = x.shape[0] if x.dim() == 2 else -1
@@ -107,6 +107,7 @@ class _MoEFunction(torch.autograd.Function):
         stream = current_stream_handle(device)
         layer.forward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(out), stream)
         ctx.layer, ctx.impl, ctx.fused, ctx.generation = layer, impl, fused, layer.generation
+        ctx.main_grad = weights if main_grad else None  # the parameters themselves, for .main_grad
         ctx.w_dtype = topk_w.dtype
         ctx.save_for_backward(x, idx, w, *weights)
         return out
@@ -135,20 +136,33 @@ class _MoEFunction(torch.autograd.Function):
         gptrs = tuple(_ptr(t) for t in _split(layer, fused, grads))
         layer.backward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(d_out), (_ptr(d_x), _ptr(d_w)) + gptrs,
                            stream)
-        return (None, None, None, d_x, None, d_w.to(ctx.w_dtype)) + tuple(grads)
+        if ctx.main_grad is not None:  # fp32 weight gradients summed into param.main_grad
+            for p, g in zip(ctx.main_grad, grads):
+                if p is None:
+                    continue
+                if getattr(p, "main_grad", None) is None:
+                    p.main_grad = g
+                else:
+                    p.main_grad.add_(g)
+            grads = [None] * len(grads)
+        return (None, None, None, None, d_x, None, d_w.to(ctx.w_dtype)) + tuple(grads)
 
 
-def moe(layer, x, topk_idx, topk_w, *weights, impl="auto"):
+@torch.compiler.disable  # an opaque call for torch.compile: the graph breaks around it
+def moe(layer, x, topk_idx, topk_w, *weights, impl="auto", main_grad=False):
     """out [T, H] = the MoE layer on this rank's tokens, differentiable in x, topk_w and every
     weight. weights: (w_gate, w_up, w_down, s_gate, s_up, s_down), or the fused form
     (w_gate_up [2, E_l, I, H], w_down, s_gate_up [2, I_s, H], s_down) that mok.MoE keeps
     (impl "mega" needs W_up right after W_gate in memory, which the fused form is). The shared
     weights are None when the layer has none. Weight gradients come in the config's grad_dtype
-    (autograd casts them to the weights' dtype). Collective."""
+    (autograd casts them to the weights' dtype); with main_grad=True they are instead summed
+    into each weight's ``main_grad`` attribute (made on first use, in grad_dtype: fp32
+    accumulation across micro-batches, as Megatron-LM keeps it) and autograd gets none.
+    Collective."""
     if len(weights) not in (4, 6):
         raise ValueError("mok.moe: pass 6 weights (w_gate, w_up, w_down, s_gate, s_up, s_down) or 4 "
                          "(w_gate_up, w_down, s_gate_up, s_down), got %d" % len(weights))
-    return _MoEFunction.apply(layer, impl, len(weights) == 4, x, topk_idx, topk_w, *weights)
+    return _MoEFunction.apply(layer, impl, len(weights) == 4, main_grad, x, topk_idx, topk_w, *weights)
 
 
 class MoE(torch.nn.Module):
@@ -162,10 +176,13 @@ class MoE(torch.nn.Module):
     model: a name of mok.models() or None; every config field can be given by keyword
     (num_experts, hidden, inter, topk, shared_inter, swiglu_limit, row_pad). comm: a
     mok.Comm; default: one over the default torch.distributed group when one is initialised,
-    else this GPU alone. impl: "auto", "mega", "nccl" or "baseline". grad_dtype stays bf16
-    here (autograd gives gradients in the parameters' dtype)."""
+    else this GPU alone. impl: "auto", "mega", "nccl" or "baseline". grad_dtype: "bf16"
+    (default: the weights' gradients in .grad, as autograd keeps them) or "fp32": summed in
+    fp32 into each parameter's ``main_grad`` (made on the first backward; set it to None or
+    zero it between steps; .grad stays None), the way Megatron-LM accumulates gradients."""
 
-    def __init__(self, model=None, *, max_tokens, comm=None, device=None, impl="auto", init_std=None, **fields):
+    def __init__(self, model=None, *, max_tokens, comm=None, device=None, impl="auto", init_std=None,
+                 grad_dtype="bf16", **fields):
         super().__init__()
         if device is None:
             device = torch.device("cuda", comm.device if comm is not None else torch.cuda.current_device())
@@ -174,14 +191,15 @@ class MoE(torch.nn.Module):
             comm = comm_from_process_group(device=device)
         if device.index != comm.device:
             raise ValueError("mok.MoE: device %s but the comm is on cuda:%d" % (device, comm.device))
-        if fields.get("grad_dtype", "bf16") != "bf16":
-            raise ValueError("mok.MoE: grad_dtype must be bf16 (autograd casts gradients to the parameters' dtype); "
-                             "use mok.Layer.backward_raw for fp32 weight gradients")
-        cfg = capi.Config(model, max_tokens=max_tokens, **fields)
+        if grad_dtype not in ("bf16", "fp32"):
+            raise ValueError("mok.MoE: grad_dtype %r: bf16 (into .grad) or fp32 (into .main_grad)" % (grad_dtype,))
+        cfg = capi.Config(model, max_tokens=max_tokens, grad_dtype=grad_dtype, **fields)
         self.layer = capi.Layer(cfg, comm)
         self.comm, self.impl = comm, impl
         c = self.layer.config
         El, H, I, Is = self.layer.local_experts, c.hidden, c.inter, c.shared_inter
+        # plain ints for forward (torch.compile traces it up to the opaque mok.moe call)
+        self._hidden, self._topk, self._main_grad = H, c.topk, c.grad_dtype == "fp32"
         kw = dict(dtype=torch.bfloat16, device=device)
         self.w_gate_up = torch.nn.Parameter(torch.empty((2, El, I, H), **kw))
         self.w_down = torch.nn.Parameter(torch.empty((El, H, I), **kw))
@@ -206,10 +224,10 @@ class MoE(torch.nn.Module):
                     p.normal_(0.0, self.init_std if self.init_std is not None else fan_in ** -0.5)
 
     def forward(self, x, topk_idx, topk_w):
-        H, k = self.layer.config.hidden, self.layer.config.topk
+        H, k = self._hidden, self._topk
         lead = x.shape[:-1]
         out = moe(self.layer, x.reshape(-1, H), topk_idx.reshape(-1, k), topk_w.reshape(-1, k), self.w_gate_up,
-                  self.w_down, self.s_gate_up, self.s_down, impl=self.impl)
+                  self.w_down, self.s_gate_up, self.s_down, impl=self.impl, main_grad=self._main_grad)
         return out.reshape(*lead, H)
 
     def extra_repr(self):

@@ -265,6 +265,32 @@ def moe_matches_reference_baseline():
 
 
 @test
+def fp32_main_grad_accumulates():
+    """grad_dtype "fp32": weight gradients go into param.main_grad (fp32), .grad stays None; a
+    second backward adds to them; each against the reference."""
+    torch = torch_gpu()
+    for impl in ("auto", "mega"):
+        m, gen = small_layer(torch, impl, seed=18, grad_dtype="fp32")
+        a, b = inputs(torch, m, 140, gen), inputs(torch, m, 60, gen)
+        m(a[0], a[1], a[2]).backward(a[3])
+        first = [p.main_grad.clone() for p in m.parameters()]
+        assert all(p.grad is None for p in m.parameters()) and all(g.dtype == torch.float32 for g in first)
+        m(b[0], b[1], b[2]).backward(b[3])
+        leaf = lambda t: t.detach().double().requires_grad_()  # noqa: E731
+        ws = [leaf(m.w_gate_up[0]), leaf(m.w_gate_up[1]), leaf(m.w_down), leaf(m.s_gate_up[0]), leaf(m.s_gate_up[1]),
+              leaf(m.s_down)]
+        for xin, idx, w, d in (a, b):
+            mok.reference_moe(xin.double(), idx, w.double(), *ws).backward(d.double())
+        got = [m.w_gate_up.main_grad[0], m.w_gate_up.main_grad[1], m.w_down.main_grad, m.s_gate_up.main_grad[0],
+               m.s_gate_up.main_grad[1], m.s_down.main_grad]
+        for name, g, r in zip(("w_gate", "w_up", "w_down", "s_gate", "s_up", "s_down"), got, ws):
+            e = rel_l2(g, r.grad)
+            assert e < 1e-2, "%s: main_grad of %s after two backwards: rel L2 %.3g" % (impl, name, e)
+        m.layer.close()
+        m.comm.close()
+
+
+@test
 def moe_zero_tokens():
     torch = torch_gpu()
     check_layer(torch, "auto", "random", 0, seed=11)
@@ -462,6 +488,35 @@ def mega_forward_in_cuda_graph():
         assert torch.equal(out, want2), "replay on new inputs differs from eager"
     assert m.comm.async_error() is None
     del g
+    m.layer.close()
+    m.comm.close()
+
+
+@test
+def moe_under_torch_compile():
+    """A model compiled with torch.compile around mok.MoE (the layer runs as an opaque call):
+    output and gradients eager's within rel L2 1e-2 (the compiled GELU and Linear may round
+    differently from eager's)."""
+    torch = torch_gpu()
+    m, gen = small_layer(torch, "auto", seed=19)
+    x, idx, w, d = inputs(torch, m, 96, gen)
+    lin = torch.nn.Linear(SMALL["hidden"], SMALL["hidden"], dtype=torch.bfloat16, device=x.device)
+
+    def block(xin):
+        return m(torch.nn.functional.gelu(lin(xin)), idx, w) + xin
+
+    eager_x = x.clone().requires_grad_()
+    block(eager_x).backward(d)
+    want = [eager_x.grad] + [p.grad.clone() for p in m.parameters()]
+    for p in list(m.parameters()) + list(lin.parameters()):
+        p.grad = None
+    cx = x.clone().requires_grad_()
+    out = torch.compile(block)(cx)
+    out.backward(d)
+    got = [cx.grad] + [p.grad for p in m.parameters()]
+    for a, b in zip(got, want):
+        e = rel_l2(a, b)
+        assert e < 1e-2, "compiled and eager gradients differ: rel L2 %.3g" % e
     m.layer.close()
     m.comm.close()
 
