@@ -95,11 +95,6 @@ struct mok_gpu_layer {
   /* mokImplMega (one GPU): the device schedule's arrays (its backward needs no host copy) */
   int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
-  /* mokImplMega: the shared expert on a stream of its own, beside the routed work (bit 0:
-   * forward, bit 1: backward; MOK_MEGA_SIDE, else MEGA_SIDE), forked and joined by events */
-  int mega_side;
-  cudaStream_t side;
-  cudaEvent_t fork, join;
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -116,8 +111,6 @@ struct mok_gpu_layer {
  * T=8192, 1x H200 (docs/PERF.md): 8 / 16 / 32 / 48 gave qwen3.5 6.55 / 5.62 / 5.49 / 5.55 ms,
  * glm-5.2 10.49 / 10.53 / 10.55 / 10.54. */
 #define MEGA_COMM_CTAS 32
-/* mokImplMega: which passes run the shared expert beside the routed work (see mega_side). */
-#define MEGA_SIDE 0
 
 /* ---- kernels -------------------------------------------------------------------- */
 /* Rows are H bf16 = H/8 uint4 (H is a multiple of 64). One block per row slice. */
@@ -552,9 +545,6 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFreeHost(g->h_ptrs);
   cudaFree(g->d_ptrs);
   cudaFree(g->d_seg);
-  if (g->side) cudaStreamDestroy(g->side);
-  if (g->fork) cudaEventDestroy(g->fork);
-  if (g->join) cudaEventDestroy(g->join);
   cudaFree(g->d_route_row);
   cudaFree(g->d_row_tok);
   cudaFree(g->d_bad);
@@ -644,14 +634,6 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     const char *cc = getenv("MOK_MEGA_COMM_CTAS");
     g->mega_comm_ctas = cc ? atoi(cc) : 0;
     if (g->mega_comm_ctas < 1) g->mega_comm_ctas = MEGA_COMM_CTAS;
-    const char *sd = getenv("MOK_MEGA_SIDE");
-    g->mega_side = (sd ? atoi(sd) : MEGA_SIDE) & 3;
-  }
-  if (cudaStreamCreateWithFlags(&g->side, cudaStreamNonBlocking) != cudaSuccess ||
-      cudaEventCreateWithFlags(&g->fork, cudaEventDisableTiming) != cudaSuccess ||
-      cudaEventCreateWithFlags(&g->join, cudaEventDisableTiming) != cudaSuccess) {
-    cudaGetLastError();
-    return mok_error(l, mokCudaError, "mokLayerCreateOnComm: cannot create a stream or events");
   }
   if (cudaMalloc((void **)&g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1)) != cudaSuccess) {
     cudaGetLastError();
@@ -800,13 +782,6 @@ static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const 
  * see ffn_fwd.cuh). No host wait: a bad expert id is found on the device (the schedule
  * records it in the communicator's error word, mokCommGetAsyncError reports it, the
  * megakernel writes nothing and the backward refuses). */
-/* mokImplMega: the side stream starts after everything enqueued on st so far. */
-static mokResult_t side_fork(mokLayer_t l, cudaStream_t st) {
-  CUDA_CHECK(l, cudaEventRecord(l->gpu->fork, st));
-  CUDA_CHECK(l, cudaStreamWaitEvent(l->gpu->side, l->gpu->fork, 0));
-  return mokSuccess;
-}
-
 static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
                                 cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -823,12 +798,9 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
   s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
   prof_mark(g, "start", st);
-  const int side = (g->mega_side & 1) && Is && T; /* the shared expert beside the routed work */
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   prof_mark(g, "schedule", st);
-  if (side) MOK_CHECK(side_fork(l, st));
-  MOK_CHECK(shared_forward(l, in, w, side ? g->side : st));
-  if (side) CUDA_CHECK(l, cudaEventRecord(g->join, g->side));
+  MOK_CHECK(shared_forward(l, in, w, st));
   prof_mark(g, "shared", st);
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
@@ -836,7 +808,6 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
                               g->yp, &m, st));
   prof_mark(g, "megakernel", st);
-  if (side) CUDA_CHECK(l, cudaStreamWaitEvent(st, g->join, 0));
   if (T)
     k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
                                                    g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
@@ -1072,20 +1043,13 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
   const int T = in->num_tokens;
   const int64_t routes = (int64_t)T * k;
   prof_mark(g, "start", st);
-  const int side = (g->mega_side & 2) && Is; /* the shared expert beside the routed work */
-  if (side) {
-    MOK_CHECK(side_fork(l, st));
-    MOK_CHECK(shared_backward(l, in, w, dout, gr, g->side));
-    CUDA_CHECK(l, cudaEventRecord(g->join, g->side));
-  }
   if (routes)
     k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp,
                                                             gr->d_topk_w);
   prof_mark(g, "dtopk+dy", st);
   mokBf16 *dxb = (mokBf16 *)g->f32;
   MOK_CHECK(mok_expert_backward(l, w, gr, dxb, st));
-  if (side) CUDA_CHECK(l, cudaStreamWaitEvent(st, g->join, 0));
-  else MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
+  MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
   if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H, gr->d_x);
   CUDA_CHECK(l, cudaGetLastError());
