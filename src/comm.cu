@@ -706,6 +706,21 @@ static mokResult_t run_threads(const char *fn, local_job *jobs, int n, void *(*b
   return st;
 }
 
+// mokInvalidArgument (mokNotSupported where no device at all) unless CUDA device `device`
+// exists; rank >= 0 names the rank that asked for it.
+static mokResult_t device_exists(const char *fn, int device, int rank) {
+  int count = 0;
+  if (cudaGetDeviceCount(&count) != cudaSuccess) {
+    cudaGetLastError();
+    count = 0;
+  }
+  if (device < count) return mokSuccess;
+  char who[32] = "";
+  if (rank >= 0) snprintf(who, sizeof who, " of rank %d", rank);
+  return mok_error(NULL, count ? mokInvalidArgument : mokNotSupported,
+                   "%s: device %d%s does not exist (%d CUDA device(s) visible)", fn, device, who, count);
+}
+
 extern "C" mokResult_t mokLocalCommsCreate(int ngpus, const int *devices, const mokCommConfig_t *config,
                                            mokComm_t *comms) {
   static const char fn[] = "mokLocalCommsCreate";
@@ -724,17 +739,7 @@ extern "C" mokResult_t mokLocalCommsCreate(int ngpus, const int *devices, const 
     }
   mokCommConfig_t cfg;
   MOK_CHECK(config_validate(fn, config, &cfg));
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
-  for (int i = 0; i < ngpus; i++) {
-    int d = devices ? devices[i] : i;
-    if (d >= count)
-      return mok_error(NULL, count ? mokInvalidArgument : mokNotSupported,
-                       "%s: device %d of rank %d does not exist (%d CUDA device(s) visible)", fn, d, i, count);
-  }
+  for (int i = 0; i < ngpus; i++) MOK_CHECK(device_exists(fn, devices ? devices[i] : i, i));
   local_job *jobs = (local_job *)calloc((size_t)ngpus, sizeof *jobs);
   if (!jobs) return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
   ncclUniqueId id;
@@ -834,14 +839,7 @@ extern "C" mokResult_t mokCommInitRank(mokComm_t *comm, int num_ranks, const mok
   if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device = %d is negative", fn, device);
   mokCommConfig_t cfg;
   MOK_CHECK(config_validate(fn, config, &cfg));
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
-  if (device >= count)
-    return mok_error(NULL, count ? mokInvalidArgument : mokNotSupported,
-                     "%s: device %d does not exist (%d CUDA device(s) visible)", fn, device, count);
+  MOK_CHECK(device_exists(fn, device, -1));
   int prev = dev_enter(device);
   ncclUniqueId u;
   memcpy(&u, id->internal, sizeof u);

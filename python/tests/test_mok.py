@@ -237,13 +237,19 @@ def check_layer(torch, impl, mode, T, limit=0.0, shared=True, seed=0):
     m.comm.close()
 
 
+CASES = (("random", 200, 0.0, True), ("dup_empty", 137, 1.0, True), ("one_expert", 64, 0.0, False),
+         ("uneven", 250, 0.5, True))
+
+
+def check_cases(torch, impl, seed, cases=CASES):
+    """Every awkward routing (duplicates and -1, one expert, Zipf-like), the clamp, no shared."""
+    for i, (mode, T, limit, shared) in enumerate(cases):
+        check_layer(torch, impl, mode, T, limit=limit, shared=shared, seed=seed + i)
+
+
 @test
 def moe_matches_reference_auto():
-    torch = torch_gpu()
-    check_layer(torch, "auto", "random", 200, seed=1)
-    check_layer(torch, "auto", "dup_empty", 137, limit=1.0, seed=2)
-    check_layer(torch, "auto", "one_expert", 64, shared=False, seed=3)
-    check_layer(torch, "auto", "uneven", 250, limit=0.5, seed=4)
+    check_cases(torch_gpu(), "auto", 1)
 
 
 @test
@@ -251,17 +257,12 @@ def moe_matches_reference_mega():
     torch = torch_gpu()
     if torch.cuda.get_device_capability() != (9, 0):
         raise Skip("mokImplMega needs sm_90")
-    check_layer(torch, "mega", "random", 200, seed=5)
-    check_layer(torch, "mega", "dup_empty", 137, limit=1.0, seed=6)
-    check_layer(torch, "mega", "one_expert", 64, shared=False, seed=7)
-    check_layer(torch, "mega", "uneven", 250, limit=0.5, seed=8)
+    check_cases(torch, "mega", 5)
 
 
 @test
 def moe_matches_reference_baseline():
-    torch = torch_gpu()
-    check_layer(torch, "baseline", "random", 200, seed=9)
-    check_layer(torch, "baseline", "dup_empty", 137, limit=1.0, seed=10)
+    check_cases(torch_gpu(), "baseline", 9, CASES[:2])
 
 
 @test
