@@ -94,7 +94,9 @@ struct mok_gpu_layer {
   int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
   /* mokImplMega (one GPU): the device schedule's arrays (its backward needs no host copy) */
   int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
+  int32_t *d_shared_seg; /* [3] the shared expert as the megakernel's one-expert problem */
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
+  int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -548,6 +550,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFree(g->d_route_row);
   cudaFree(g->d_row_tok);
   cudaFree(g->d_bad);
+  cudaFree(g->d_shared_seg);
   cudaFree(g->d_sched_scratch);
   free(g);
   l->gpu = NULL;
@@ -559,6 +562,7 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   struct mok_gpu_layer *g = l->gpu;
   const int64_t N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
   const int64_t Is = c->shared_inter, T = c->max_tokens, k = c->topk, cap = l->sched_capacity;
+  const int64_t T64 = (T + 63) / 64 * 64; /* the megakernel's shared tiles write whole 64-row groups */
   const int clamp = c->swiglu_limit > 0;
   g->cap = cap;
   g->routes_max = T * k;
@@ -571,8 +575,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
       {(void **)&g->gu, 2 * (size_t)(cap * 2 * I)}, {(void **)&g->act, 2 * (size_t)(cap * I)},
       {(void **)&g->yp, 2 * (size_t)(cap * H)}, {(void **)&g->yret, 2 * (size_t)(T * k * H)},
       {(void **)&g->f32, 4 * (size_t)cap * wide}, {(void **)&g->dgu, 2 * (size_t)(cap * 2 * I)},
-      {(void **)&g->s_gu32, Is && clamp ? 4 * (size_t)(T * 2 * Is) : 0}, {(void **)&g->s_gu, 2 * (size_t)(T * 2 * Is)},
-      {(void **)&g->s_act, 2 * (size_t)(T * Is)}, {(void **)&g->s_y, Is ? 2 * (size_t)(T * H) : 0},
+      {(void **)&g->s_gu32, Is && clamp ? 4 * (size_t)(T * 2 * Is) : 0}, {(void **)&g->s_gu, 2 * (size_t)(T64 * 2 * Is)},
+      {(void **)&g->s_act, 2 * (size_t)(T64 * Is)}, {(void **)&g->s_y, Is ? 2 * (size_t)(T64 * H) : 0},
       {(void **)&g->s_f32, Is ? 4 * (size_t)T * swide : 0}, {(void **)&g->s_dgu, 2 * (size_t)(T * 2 * Is)}};
   size_t total = 0;
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
@@ -626,6 +630,7 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   if (cudaMalloc((void **)&g->d_route_row, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
       cudaMalloc((void **)&g->d_row_tok, 4 * (size_t)cap) != cudaSuccess ||
       cudaMalloc((void **)&g->d_bad, sizeof(int32_t)) != cudaSuccess ||
+      cudaMalloc((void **)&g->d_shared_seg, 3 * sizeof(int32_t)) != cudaSuccess ||
       cudaMalloc((void **)&g->d_sched_scratch, 4 * (size_t)mok_schedule_local_scratch((int)El)) != cudaSuccess) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
@@ -634,6 +639,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     const char *cc = getenv("MOK_MEGA_COMM_CTAS");
     g->mega_comm_ctas = cc ? atoi(cc) : 0;
     if (g->mega_comm_ctas < 1) g->mega_comm_ctas = MEGA_COMM_CTAS;
+    const char *ms = getenv("MOK_MEGA_SHARED");
+    g->mega_shared = !(ms && !strcmp(ms, "0"));
   }
   if (cudaMalloc((void **)&g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1)) != cudaSuccess) {
     cudaGetLastError();
@@ -797,14 +804,22 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
   s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
+  /* the shared expert as tiles of the launch: its width is the routed experts' and s_up
+   * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
+  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
+  if (shared_in) s.shared_seg = g->d_shared_seg;
   prof_mark(g, "start", st);
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   prof_mark(g, "schedule", st);
-  MOK_CHECK(shared_forward(l, in, w, st));
+  if (!shared_in) MOK_CHECK(shared_forward(l, in, w, st));
   prof_mark(g, "shared", st);
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
   m.x = T ? in->x : NULL, m.row_tok = g->d_row_tok, m.bad = g->d_bad, m.comm_ctas = g->mega_comm_ctas;
+  if (shared_in) {
+    m.s_gate = w->s_gate, m.s_up = w->s_up, m.s_down = w->s_down;
+    m.s_act = g->s_act, m.s_gu = g->s_gu, m.s_y = g->s_y, m.s_seg = g->d_shared_seg, m.tokens = T;
+  }
   MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
                               g->yp, &m, st));
   prof_mark(g, "megakernel", st);

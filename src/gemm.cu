@@ -819,7 +819,8 @@ extern "C" mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, i
 }
 
 /* gemm_ffn.cu: the megakernel's launch of these arguments (finished, error word set) */
-mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const mokFfnMega_t *mega,
+mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const GemmTileArgs *sgu,
+                                     const GemmTileArgs *sdn, const mokFfnMega_t *mega,
                                      mokBf16 *xg, int hidden, cudaStream_t stream);
 
 extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
@@ -852,7 +853,39 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
   MOK_CHECK(take_sched_slot(ga, rows));
   da.sched = ga.sched;
   da.error_word = ga.error_word;
-  return mok_gemm_ffn_mega_launch(ga, da, mega, xg, hidden, stream);
+  GemmTileArgs sga, sda;
+  const bool sh = mega->s_gate && mega->tokens > 0;
+  if (sh) { /* the shared expert: one expert of `tokens` rows, straight from x */
+    MOK_CHECK(check_ptr(fn, "s_seg", mega->s_seg));
+    MOK_CHECK(check_ptr(fn, "mega->x", mega->x));
+    mokGemmRows_t sr = *rows;
+    sr.num_experts = 1;
+    sr.capacity = ((int64_t)mega->tokens + 63) / 64 * 64;
+    sr.expert_count = mega->s_seg;
+    sr.expert_offset = mega->s_seg + 1;
+    sr.expert_count_host = NULL;
+    mokGemmTileShape_t ts;
+    int sp = 0;
+    MOK_CHECK(gateup_fwd_args(fn, &sr, hidden, inter, swiglu_limit, mega->x, mega->s_gate, mega->s_up, mega->s_act,
+                              mega->s_gu, sga, ts));
+    /* x has `tokens` rows, not sr.capacity: its maps end there (TMA reads zeros past them) */
+    const int pr = l2_promo_rule(1);
+    MOK_CHECK(make_map(&sga.tm_tok, mega->x, hidden, (uint64_t)mega->tokens, 32, "x", pr));
+    MOK_CHECK(make_map(&sga.tm_tok16, mega->x, hidden, (uint64_t)mega->tokens, 16, "x", pr));
+    if (sga.row_box128) MOK_CHECK(make_map(&sga.tm_tok128, mega->x, hidden, (uint64_t)mega->tokens, 128, "x", pr));
+    MOK_CHECK(make_map(&sga.tm_a, mega->x, hidden, (uint64_t)mega->tokens, kBM, "x"));
+    MOK_CHECK(make_map(&sga.tm_a64, mega->x, hidden, (uint64_t)mega->tokens, 64, "x"));
+    MOK_CHECK(down_fwd_args(fn, &sr, hidden, inter, mega->s_act, mega->s_down, mega->s_y, sda, ts, sp));
+    finish_args(sga, &sr, kGateUpFwd, 1);
+    finish_args(sda, &sr, kDownFwd, 1);
+    if (!tok_lean<kGateUpFwd>(sga) || !tok_lean<kDownFwd>(sda))
+      return mok_error(NULL, mokNotSupported, "%s: the shared expert in the launch needs s_up right after s_gate", fn);
+    if (sp) sda.tm_b1 = sda.tm_b0;
+    sga.sched = sda.sched = ga.sched;
+    sga.error_word = sda.error_word = ga.error_word;
+    sga.expert_order = sda.expert_order = 0;
+  }
+  return mok_gemm_ffn_mega_launch(ga, da, sh ? &sga : NULL, sh ? &sda : NULL, mega, xg, hidden, stream);
 }
 
 extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,

@@ -120,6 +120,14 @@ typedef struct mokFfnMega {
   const int32_t *bad;        /* device flag: nonzero = the schedule refused its input, the
                                 launch writes nothing */
   int comm_ctas;             /* 1 .. SMs - 1 */
+  /* The shared expert (I_s = inter) as tiles of the launch, or s_gate NULL (the caller runs
+   * it): the tokens x [tokens, H] through s_gate | s_up (s_up right after s_gate) and s_down,
+   * into s_act [, I], s_gu [, 2I] and s_y [, H], each of at least tokens rounded up to 64
+   * rows (rows past tokens are not written); s_seg: the schedule's shared_seg (device). */
+  const mokBf16 *s_gate, *s_up, *s_down;
+  mokBf16 *s_act, *s_gu, *s_y;
+  const int32_t *s_seg;
+  int tokens;
 } mokFfnMega_t;
 
 /* The forward megakernel's expert part on one GPU (EP1): dispatch, gate+up (SwiGLU) and

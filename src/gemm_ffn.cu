@@ -68,19 +68,23 @@ mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, 
 __device__ uint32_t g_mega_ready[kFfnRing][2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters];
 static unsigned g_mega_next; /* __atomic_* */
 
-mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const mokFfnMega_t *mega,
-                                     mokBf16 *xg, int hidden, cudaStream_t stream) {
+mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const GemmTileArgs *sgu,
+                                     const GemmTileArgs *sdn, const mokFfnMega_t *mega, mokBf16 *xg, int hidden,
+                                     cudaStream_t stream) {
   int sms = 0;
   const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
   MOK_CHECK(ffn_device("forward megakernel", smem, &sms));
   if (mega->comm_ctas >= sms)
     return mok_error(NULL, mokInvalidArgument, "forward megakernel: comm_ctas %d leaves no CTA for the tiles (%d SMs)",
                      mega->comm_ctas, sms);
-  void (*kernel)(FfnArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
+  void (*kernel)(FfnMegaArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   void *ready = nullptr;
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_mega_ready));
-  FfnArgs f = ffn_args(gu, dn, ready, 2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters, &g_mega_next);
+  FfnMegaArgs f;
+  memset(&f, 0, sizeof f);
+  static_cast<FfnArgs &>(f) = ffn_args(gu, dn, ready, 2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters, &g_mega_next);
+  if (sgu && sdn) f.s.gu = *sgu, f.s.dn = *sdn, f.s.on = 1;
   f.m.src = reinterpret_cast<const uint4 *>(mega->x);
   f.m.xg = reinterpret_cast<uint4 *>(xg);
   f.m.row_tok = mega->row_tok;

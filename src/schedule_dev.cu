@@ -126,7 +126,13 @@ __global__ void __launch_bounds__(1024, 1) k_sched_scan(mokLocalSchedule_t s, in
     cursor[e] = bn;
   }
   if (e == E - 1) s.expert_offset[E] = bp + padded;
-  if (e == 0) *s.bad = 0;
+  if (e == 0) {
+    *s.bad = 0;
+    if (s.shared_seg) {
+      const int T = s.num_tokens;
+      s.shared_seg[0] = T, s.shared_seg[1] = 0, s.shared_seg[2] = (T + s.row_pad - 1) / s.row_pad * s.row_pad;
+    }
+  }
 }
 
 /* 3. per CTA: every route's rank in its expert, in (t, j) order (the CTA's base + its

@@ -42,6 +42,10 @@ typedef struct mokLocalSchedule {
   int32_t *scratch;        /* [mok_schedule_local_scratch(num_experts)] device words */
   unsigned long long *error_word; /* or NULL */
   int rank;
+  int32_t *shared_seg;     /* or NULL: [3] the shared expert as a one-expert problem over
+                              the tokens, for the megakernel: {count T, offset 0, offset
+                              T rounded up to row_pad} (expert_count = shared_seg,
+                              expert_offset = shared_seg + 1) */
 } mokLocalSchedule_t;
 
 /* Device words of scratch a schedule of num_experts experts needs. */

@@ -36,6 +36,8 @@ typedef struct {
   mokLayer_t layer[MAXR];
   mokResult_t fwd_rc[MAXR], bwd_rc[MAXR];
   mokImpl_t impl;
+  int shared_apart; /* mokImplMega: s_gate and s_up in allocations of their own (the shared
+                       expert then runs on cuBLAS before the launch, not as its tiles) */
 } gpu_case;
 
 static size_t gsz(const gpu_case *c) { return c->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4; }
@@ -128,6 +130,17 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
     }
     c->dw[s].w_gate = gu;
     c->dw[s].w_up = gu ? gu + wgu : NULL;
+    if (Is && !c->shared_apart) { /* [s_gate | s_up]: the shared expert as tiles of the launch */
+      cudaFree((void *)c->dw[s].s_gate);
+      cudaFree((void *)c->dw[s].s_up);
+      mokBf16 *sg = to_dev(NULL, 4 * sgu);
+      if (sg) {
+        cudaMemcpy(sg, c->w[s].s_gate, 2 * sgu, cudaMemcpyHostToDevice);
+        cudaMemcpy(sg + sgu, c->w[s].s_up, 2 * sgu, cudaMemcpyHostToDevice);
+      }
+      c->dw[s].s_gate = sg;
+      c->dw[s].s_up = sg ? sg + sgu : NULL;
+    }
   }
   c->dout_d[s] = to_dev(c->dout[s], 2 * th);
   c->out_d[s] = to_dev(NULL, 2 * th);
@@ -158,7 +171,8 @@ static mokResult_t rank_free(mokComm_t comm, int s, void *arg) {
   (void)comm;
   mokLayerDestroy(c->layer[s]);
   void *p[] = {(void *)c->din[s].x, (void *)c->din[s].topk_idx, (void *)c->din[s].topk_w, (void *)c->dw[s].w_gate,
-               c->impl == mokImplMega ? NULL : (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate, (void *)c->dw[s].s_up,
+               c->impl == mokImplMega ? NULL : (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate,
+               c->impl == mokImplMega && !c->shared_apart ? NULL : (void *)c->dw[s].s_up,
                (void *)c->dw[s].s_down, c->dout_d[s], c->out_d[s], c->dg[s].d_x, c->dg[s].d_topk_w, c->dg[s].d_w_gate,
                c->dg[s].d_w_up, c->dg[s].d_w_down, c->dg[s].d_s_gate, c->dg[s].d_s_up, c->dg[s].d_s_down};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
@@ -252,6 +266,7 @@ MOK_GPU_TEST(layer_mega_bitwise_nccl_1gpu, 1) {
     void *got[2][7] = {{0}};
     for (int pass = 0; pass < 2 && !t->failed; pass++) {
       c->impl = pass ? mokImplMega : mokImplNccl;
+      c->shared_apart = 1; /* (the shared expert on cuBLAS in both, so that out and d_x match bitwise too) */
       mokResult_t rc = mokLocalRun(1, &comm, rank_run, c);
       CHECK_MSG(rc == mokSuccess, "%s: %s", pass ? "mega" : "nccl", mokGetLastError());
       const void *src[] = {c->out_d[0], c->dg[0].d_x, c->dg[0].d_topk_w, c->dg[0].d_w_gate, c->dg[0].d_w_up,

@@ -72,13 +72,38 @@ struct FfnArgs {
                       x_ready[num_experts], the dispatch ticket, a spare */
   FfnMega m;       /* the megakernel only */
 };
+/* The megakernel's shared expert (I_s = I) as tiles of the launch, a one-expert problem
+ * over the tokens: its gate+up tiles (phase S0, before the routed gate+up tiles: its rows
+ * are the tokens themselves, so they run while the comm CTAs dispatch) and its down tiles
+ * (phase S1, between the routed gate+up and down tiles, each after every S0 tile stored:
+ * s_ready), both by tickets of their own. on = 0: the layer ran it before the launch. */
+struct FfnShared {
+  GemmTileArgs gu, dn;
+  int on;
+};
+/* The megakernel's arguments (ffn_fwd_kernel<RING, true>). */
+struct FfnMegaArgs : FfnArgs {
+  FfnShared s;
+};
+template <bool MEGA>
+struct FfnParam {
+  typedef FfnArgs T;
+};
+template <>
+struct FfnParam<true> {
+  typedef FfnMegaArgs T;
+};
+
 /* The launch's counters after ready[num_experts]: the next ticket of each phase (0 gate+up,
  * 1 down) and class (0: experts of several tiles an output block, or all experts without
  * the split; 1: the one-tile experts of the split mix order), and the roles that left. */
 enum FfnCtr { kCtrTicket = 0, kCtrLeft = 4, kFfnCounters = 8 };
-/* The megakernel's counters: x_ready[num_experts], then the dispatch ticket (and one spare). */
+/* The megakernel's counters: x_ready[num_experts], then the dispatch ticket, the tickets of
+ * phases S0 and S1 and s_ready (the shared expert's gate+up warpgroup tiles stored). */
 __device__ __forceinline__ uint32_t *mega_ctr(const FfnArgs &f) { return f.ready + f.gu.num_experts + kFfnCounters; }
-constexpr int kMegaCounters = 2;
+enum MegaCtr { kMegaTicket = 0, kMegaS0 = 1, kMegaS1 = 2, kMegaSReady = 3, kMegaCounters = 4 };
+/* The megakernel's counters after x_ready (MegaCtr). */
+__device__ __forceinline__ uint32_t *mega_aux(const FfnArgs &f) { return mega_ctr(f) + f.gu.num_experts; }
 /* The CTAs that run tiles: all, or (megakernel) all but the comm CTAs, which are the last. */
 template <bool MEGA>
 __device__ __forceinline__ int ffn_ctas(const FfnArgs &f) {
@@ -154,6 +179,16 @@ __device__ __forceinline__ bool mega_wait_x(const FfnArgs &f, int e, WaitCtx &w)
   return ffn_wait_geq(mega_ctr(f) + e, need, MOK_WAIT_MEGA_X, (uint32_t)e, w);
 }
 
+/* The counter a gate+up tile of expert e adds to: ready[e], or (the megakernel, e =
+ * num_experts) its shared expert's s_ready. */
+template <bool MEGA>
+__device__ __forceinline__ uint32_t *ffn_ready_ctr(const FfnArgs &f, int e) {
+  if constexpr (MEGA) {
+    if (e == f.gu.num_experts) return mega_aux(f) + kMegaSReady;
+  }
+  return f.ready + e;
+}
+
 /* A consumer warpgroup's leader, once before its next tile after a gate+up tile of
  * expert e: its stores complete, then counted (see the file's comment). */
 __device__ __forceinline__ void ffn_signal(uint32_t *ctr, bool leader) {
@@ -178,7 +213,7 @@ __device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
   }
 }
 
-/* The producer's schedule state, in shared memory after the four cursors (it runs on 40
+/* The producer's schedule state, in shared memory after the five cursors (it runs on 40
  * registers): per phase k (0 gate+up, 1 down) its tiles T[k], of them C[k] of one-tile
  * experts, and P[k] (> 0: the split mix order's CTAs [0, P) start on those; 0: one class);
  * then the phase, this CTA's class in it and whether it took the other class's tickets. */
@@ -187,10 +222,12 @@ struct FfnSched {
   int phase, q, stole;
   int tickets; /* phase 0 by tickets (else static) */
   int next;    /* phase 0, static: this CTA's next tile */
+  int sphase;  /* the megakernel's shared expert: 0 in S0, 1 in phase 0, 2 in S1, 3 after */
+  int TS[2];   /* its gate+up and down tiles */
 };
-static_assert(kSchedSlots * kSlotInts * 4 + 4 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
+static_assert(kSchedSlots * kSlotInts * 4 + 5 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
                       (2 * FfnRing<kTokMaxUnits>::kStages + 2 + 2 * kSchedSlots) * 8 <= FfnRing<kTokMaxUnits>::kBarBytes &&
-                  kSchedSlots * kSlotInts * 4 + 4 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
+                  kSchedSlots * kSlotInts * 4 + 5 * (int)sizeof(GemmCursor) + (int)sizeof(FfnSched) +
                           (2 * FfnRing<kTokRing128>::kStages + 2 + 2 * kSchedSlots) * 8 <=
                       FfnRing<kTokRing128>::kBarBytes,
               "the fused kernel's barrier area");
@@ -215,7 +252,7 @@ __device__ __forceinline__ void ffn_phase_counts(const GemmTileArgs &a, bool tic
  * once the other's; then the next phase). */
 template <bool MEGA>
 __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur, volatile FfnSched *z, int &tnum,
-                                             bool &down, TileCoord &c) {
+                                             bool &down, TileCoord &c, bool pause0 = false) {
   uint32_t *ctr = f.ready + f.gu.num_experts;
   for (;;) {
     const int k = z->phase;
@@ -251,7 +288,45 @@ __device__ __forceinline__ bool ffn_next_tile(const FfnArgs &f, GemmCursor *cur,
     /* the phase is done for this CTA: the next one, in the class the split gives it */
     z->phase = k + 1;
     if (k == 0) z->q = z->P[1] > 0 && (int)blockIdx.x < z->P[1], z->stole = 0;
+    if (k == 0 && pause0) return false; /* (pause0: the caller runs phase S1 first) */
   }
+}
+
+/* A tile of the megakernel's shared expert by ticket (ctr), total tiles of KIND; false
+ * once they are handed out. tnum: base + its index. */
+template <int KIND>
+__device__ __forceinline__ bool mega_shared_tile(const GemmTileArgs &a, GemmCursor &cu, uint32_t *ctr, int total,
+                                                 int base, int &tnum, TileCoord &c) {
+  const int idx = (int)atomicAdd(ctr, 1u);
+  if (idx >= total) return false;
+  if (!gemm_decode_tile<KIND, 256, 1>(a, cu, idx, c, -1)) return false;
+  tnum = base + idx;
+  return true;
+}
+
+/* The megakernel's next tile with its shared expert's phases around the routed ones: S0,
+ * routed gate+up (phase 0), S1, routed down (phase 1); sh: a shared tile. cur[4]: the
+ * shared expert's cursor (both kinds: one expert, one segment). */
+__device__ __forceinline__ bool mega_next_tile(const FfnMegaArgs &f, GemmCursor *cur, volatile FfnSched *z, int &tnum,
+                                               bool &down, bool &sh, TileCoord &c) {
+  sh = false;
+  if (!f.s.on) return ffn_next_tile<true>(f, cur, z, tnum, down, c);
+  uint32_t *mc = mega_aux(f);
+  const int base = z->T[0] + z->T[1];
+  if (z->sphase == 0) {
+    if (mega_shared_tile<kGateUpFwd>(f.s.gu, cur[4], mc + kMegaS0, z->TS[0], base, tnum, c)) return down = false, sh = true;
+    z->sphase = 1;
+  }
+  if (z->sphase == 1) {
+    if (ffn_next_tile<true>(f, cur, z, tnum, down, c, true)) return true;
+    z->sphase = 2;
+  }
+  if (z->sphase == 2) {
+    if (mega_shared_tile<kDownFwd>(f.s.dn, cur[4], mc + kMegaS1, z->TS[1], base + z->TS[0], tnum, c))
+      return down = true, sh = true;
+    z->sphase = 3;
+  }
+  return ffn_next_tile<true>(f, cur, z, tnum, down, c);
 }
 
 /* ---- the megakernel's comm CTAs ---------------------------------------------------------- */
@@ -275,7 +350,7 @@ __device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const
     cpre[E] = n;
   }
   __syncthreads();
-  uint32_t *x_ready = mega_ctr(f), *ticket = x_ready + E;
+  uint32_t *x_ready = mega_ctr(f), *ticket = mega_aux(f) + kMegaTicket;
   const int total = cpre[E];
   for (;;) {
     int i = 0;
@@ -329,7 +404,7 @@ __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool
  * kernel's instances). MEGA: the forward megakernel (FfnMega; the last comm_ctas CTAs are
  * comm CTAs), else the fused routed forward alone. */
 template <int RING, bool MEGA = false>
-__global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_constant__ FfnArgs f) {
+__global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_constant__ typename FfnParam<MEGA>::T f) {
   using TC = FfnRing<RING>;
   const GemmTileArgs &gu = f.gu, &dn = f.dn;
   if constexpr (MEGA) {
@@ -357,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
     }
   }
 
-  const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+  int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
   PipeState p = {0, 0u}, sp = {0, 0u};
   TileCoord c;
   WaitCtx w = wait_ctx(gu);
@@ -366,7 +441,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
     if (threadIdx.x >= 32) return;
     const bool stagger = gu.stagger && !tickets;
     GemmCursor *cur = reinterpret_cast<GemmCursor *>(const_cast<int *>(slot + kSlotInts * kSchedSlots));
-    volatile FfnSched *z = reinterpret_cast<volatile FfnSched *>(cur + 4);
+    volatile FfnSched *z = reinterpret_cast<volatile FfnSched *>(cur + 5); /* (cur[4]: the megakernel's shared expert) */
     {
       int T0, C0, P0, T1, C1, P1; /* (one warp: mix_counts and the tile counts are warp-wide) */
       ffn_phase_counts<kGateUpFwd>(gu, tickets, stagger, T0, C0, P0, ffn_ctas<MEGA>(f));
@@ -376,6 +451,11 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
         z->phase = late ? 1 : 0, z->q = late ? P1 > 0 && (int)blockIdx.x < P1 : P0 > 0 && (int)blockIdx.x < P0;
         z->stole = 0;
         z->tickets = tickets, z->next = (int)blockIdx.x;
+      }
+      if constexpr (MEGA) {
+        const int ts0 = f.s.on ? ffn_kind_tiles<kGateUpFwd>(f.s.gu, false) : 0;
+        const int ts1 = f.s.on ? ffn_kind_tiles<kDownFwd>(f.s.dn, false) : 0;
+        if (threadIdx.x == 0) z->TS[0] = ts0, z->TS[1] = ts1, z->sphase = late ? 2 : 0;
       }
     }
     if (threadIdx.x == 0) {
@@ -387,26 +467,44 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
       for (int i = 0; i < 4; ++i) gemm_cursor_init(i < 2 ? gu : dn, cur[i], order);
       cur[0].stagger = cur[1].stagger = stagger; /* (gate+up under the static schedule only) */
       cur[2].stagger = cur[3].stagger = 0;
+      if constexpr (MEGA) {
+        if (f.s.on) gemm_cursor_init(f.s.gu, cur[4]), cur[4].stagger = 0;
+      }
       for (;;) {
         int t = -1;
-        bool down = false;
-        const bool more = ffn_next_tile<MEGA>(f, cur, z, t, down, c);
+        bool down = false, sh = false;
+        bool more;
+        if constexpr (MEGA) more = mega_next_tile(f, cur, z, t, down, sh, c);
+        else more = ffn_next_tile<MEGA>(f, cur, z, t, down, c);
         w.tile = (uint32_t)sp.stage;
         if (!bar_wait(&sempty[sp.stage], sp.phase ^ 1u, w, MOK_WAIT_GEMM_SCHED)) break;
         volatile int *o = slot + kSlotInts * sp.stage;
         o[0] = more ? t : -1;
-        o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = down, o[6] = c.k_blocks, o[7] = c.nt;
+        o[1] = c.expert, o[2] = c.m0, o[3] = c.m_end, o[4] = c.n0, o[5] = MEGA ? down | sh << 1 : down;
+        o[6] = c.k_blocks, o[7] = c.nt;
         o[8] = c.z_end;
         mbarrier_arrive(&sfull[sp.stage]);
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
         w.tile = (uint32_t)t;
         if (t == gu.stall_tile) break; /* tests: a load that never comes */
-        const bool cold = !down && z->P[0] > 0 && (z->q & 1) && gu.cold_evict; /* (z->q: this tile's class) */
-        const bool ok = down ? ffn_wait_gateup(f, c.expert, stagger, w) &&
-                                   tok_tile_produce<kDownFwd, false, RING, false>(dn, c, smem, p, w, false)
-                             : (!MEGA || mega_wait_x(f, c.expert, w)) &&
-                                   tok_tile_produce<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, cold);
+        bool ok = false, routed = true;
+        if constexpr (MEGA) {
+          if (sh) { /* the shared expert's down tiles wait for all of its gate+up tiles */
+            routed = false;
+            ok = down ? ffn_wait_geq(mega_aux(f) + kMegaSReady, 2u * (uint32_t)z->TS[0], MOK_WAIT_GEMM_DEP,
+                                     (uint32_t)gu.num_experts, w) &&
+                            tok_tile_produce<kDownFwd, false, RING, false>(f.s.dn, c, smem, p, w, false)
+                      : tok_tile_produce<kGateUpFwd, false, RING, false>(f.s.gu, c, smem, p, w, false);
+          }
+        }
+        if (routed) {
+          const bool cold = !down && z->P[0] > 0 && (z->q & 1) && gu.cold_evict; /* (z->q: this tile's class) */
+          ok = down ? ffn_wait_gateup(f, c.expert, stagger, w) &&
+                          tok_tile_produce<kDownFwd, false, RING, false>(dn, c, smem, p, w, false)
+                    : (!MEGA || mega_wait_x(f, c.expert, w)) &&
+                          tok_tile_produce<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, cold);
+        }
         if (!ok) break;
       }
       ffn_leave<MEGA>(f);
@@ -414,23 +512,38 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     const bool leader = (threadIdx.x & 127) == 0;
-    int ebuf = 0, pend = -1; /* pend: the expert of this warpgroup's last gate+up tile, not yet counted */
+    /* pend: the expert of this warpgroup's last gate+up tile, not yet counted (-1: none;
+     * num_experts: the megakernel's shared expert, counted in s_ready) */
+    int ebuf = 0, pend = -1;
     for (;;) {
-      int t, down;
-      if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, down)) break;
+      int t, kind;
+      if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, kind)) break;
       c.k0 = 0;
-      if (pend >= 0) ffn_signal(f.ready + pend, leader);
+      if (pend >= 0) ffn_signal(ffn_ready_ctr<MEGA>(f, pend), leader);
       pend = -1;
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break;
       w.tile = (uint32_t)t;
-      if (down) {
-        tok_tile_consume<kDownFwd, false, RING, false>(dn, c, smem, p, w, wg - 1, ebuf);
+      if constexpr (MEGA) {
+        /* the shared expert's tiles (kind bit 1) run the same call sites on its own arguments
+         * (two call sites a kind spilled a register, or serialised the wgmmas) */
+        const GemmTileArgs *ag = &gu, *ad = &dn;
+        if (kind & 2) ag = &f.s.gu, ad = &f.s.dn;
+        if (kind & 1) {
+          tok_tile_consume<kDownFwd, false, RING, false>(*ad, c, smem, p, w, wg - 1, ebuf);
+        } else {
+          tok_tile_consume<kGateUpFwd, false, RING, false>(*ag, c, smem, p, w, wg - 1, ebuf);
+          pend = kind & 2 ? gu.num_experts : c.expert;
+        }
       } else {
-        tok_tile_consume<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, wg - 1, ebuf);
-        pend = c.expert;
+        if (kind) {
+          tok_tile_consume<kDownFwd, false, RING, false>(dn, c, smem, p, w, wg - 1, ebuf);
+        } else {
+          tok_tile_consume<kGateUpFwd, false, RING, false>(gu, c, smem, p, w, wg - 1, ebuf);
+          pend = c.expert;
+        }
       }
     }
-    if (pend >= 0) ffn_signal(f.ready + pend, leader); /* (a stopped launch: counted anyway) */
+    if (pend >= 0) ffn_signal(ffn_ready_ctr<MEGA>(f, pend), leader); /* (a stopped launch: counted anyway) */
     gemm_consumer_finish();
     if (leader) ffn_leave<MEGA>(f);
   }
