@@ -36,8 +36,8 @@ typedef struct {
   mokLayer_t layer[MAXR];
   mokResult_t fwd_rc[MAXR], bwd_rc[MAXR];
   mokImpl_t impl;
-  int shared_apart; /* mokImplMega: s_gate and s_up in allocations of their own (the shared
-                       expert then runs on cuBLAS before the launch, not as its tiles) */
+  int shared_apart; /* mokImplMega: a gap between s_gate and s_up (the shared expert then runs
+                       on cuBLAS before the launch, not as tiles of it) */
 } gpu_case;
 
 static size_t gsz(const gpu_case *c) { return c->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4; }
@@ -130,16 +130,19 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
     }
     c->dw[s].w_gate = gu;
     c->dw[s].w_up = gu ? gu + wgu : NULL;
-    if (Is && !c->shared_apart) { /* [s_gate | s_up]: the shared expert as tiles of the launch */
+    if (Is) { /* [s_gate | s_up]: the shared expert as tiles of the launch; shared_apart: a gap
+                 between them (two allocations of their own may lie back to back), so cuBLAS
+                 runs it */
       cudaFree((void *)c->dw[s].s_gate);
       cudaFree((void *)c->dw[s].s_up);
-      mokBf16 *sg = to_dev(NULL, 4 * sgu);
+      const size_t gap = c->shared_apart ? sgu : 0;
+      mokBf16 *sg = to_dev(NULL, 2 * (2 * sgu + gap));
       if (sg) {
         cudaMemcpy(sg, c->w[s].s_gate, 2 * sgu, cudaMemcpyHostToDevice);
-        cudaMemcpy(sg + sgu, c->w[s].s_up, 2 * sgu, cudaMemcpyHostToDevice);
+        cudaMemcpy(sg + sgu + gap, c->w[s].s_up, 2 * sgu, cudaMemcpyHostToDevice);
       }
       c->dw[s].s_gate = sg;
-      c->dw[s].s_up = sg ? sg + sgu : NULL;
+      c->dw[s].s_up = sg ? sg + sgu + gap : NULL;
     }
   }
   c->dout_d[s] = to_dev(c->dout[s], 2 * th);
@@ -172,7 +175,7 @@ static mokResult_t rank_free(mokComm_t comm, int s, void *arg) {
   mokLayerDestroy(c->layer[s]);
   void *p[] = {(void *)c->din[s].x, (void *)c->din[s].topk_idx, (void *)c->din[s].topk_w, (void *)c->dw[s].w_gate,
                c->impl == mokImplMega ? NULL : (void *)c->dw[s].w_up, (void *)c->dw[s].w_down, (void *)c->dw[s].s_gate,
-               c->impl == mokImplMega && !c->shared_apart ? NULL : (void *)c->dw[s].s_up,
+               c->impl == mokImplMega ? NULL : (void *)c->dw[s].s_up,
                (void *)c->dw[s].s_down, c->dout_d[s], c->out_d[s], c->dg[s].d_x, c->dg[s].d_topk_w, c->dg[s].d_w_gate,
                c->dg[s].d_w_up, c->dg[s].d_w_down, c->dg[s].d_s_gate, c->dg[s].d_s_up, c->dg[s].d_s_down};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);
