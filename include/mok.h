@@ -434,9 +434,11 @@ typedef enum mokImpl {
                           on the device, then dispatch, gate+up (SwiGLU), down and combine in
                           one persistent launch; no host wait in the forward. So far: one GPU
                           (num_ranks 1), sm_90, inter % 128 == 0, hidden % 256 == 0, w_up right
-                          after w_gate (else mokNotSupported); the shared expert by cuBLAS before
-                          the launch. Its backward runs mok's GEMMs on the forward's rows (no
-                          copies; it waits once for a 4-byte flag). Results bitwise mokImplNccl's.
+                          after w_gate (else mokNotSupported). The shared expert runs as tiles of
+                          the launch where shared_inter == inter and s_up lies right after s_gate
+                          (else on cuBLAS before it; the two differ in the last bits). Its
+                          backward runs mok's GEMMs on the forward's rows (no copies; it waits
+                          once for a 4-byte flag). Routed results bitwise mokImplNccl's.
                           A bad expert id is found on the device: the forward writes nothing, the
                           communicator's error word records it (mokCommGetAsyncError:
                           mokDeviceError; sticky) and the backward refuses. */
