@@ -432,7 +432,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
     }
   }
 
-  int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
+  const int wg = __shfl_sync(0xffffffffu, (int)(threadIdx.x / 128), 0);
   PipeState p = {0, 0u}, sp = {0, 0u};
   TileCoord c;
   WaitCtx w = wait_ctx(gu);
