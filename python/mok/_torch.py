@@ -175,8 +175,8 @@ class MoE(torch.nn.Module):
 
     model: a name of mok.models() or None; every config field can be given by keyword
     (num_experts, hidden, inter, topk, shared_inter, swiglu_limit, row_pad). comm: a
-    mok.Comm; default: one over the default torch.distributed group when one is initialised,
-    else this GPU alone. impl: "auto", "mega", "nccl" or "baseline". grad_dtype: "bf16"
+    mok.Comm; default: a new one over the default torch.distributed group when one is
+    initialised, else this GPU alone (a model of many layers should pass one comm to all). impl: "auto", "mega", "nccl" or "baseline". grad_dtype: "bf16"
     (default: the weights' gradients in .grad, as autograd keeps them) or "fp32": summed in
     fp32 into each parameter's ``main_grad`` (made on the first backward; set it to None or
     zero it between steps; .grad stays None), the way Megatron-LM accumulates gradients."""
