@@ -783,9 +783,9 @@ static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const 
   return mokSuccess;
 }
 
-/* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the shared expert
- * (cuBLAS), the forward megakernel (dispatch, gate+up, down in one launch,
- * gemm/ffn_fwd.cuh), then the combine (k_combine_rows; not yet inside the megakernel,
+/* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the forward
+ * megakernel (dispatch, the shared expert's tiles where I_s = I and s_up follows s_gate,
+ * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine (k_combine_rows; not yet inside the megakernel,
  * see ffn_fwd.cuh). No host wait: a bad expert id is found on the device (the schedule
  * records it in the communicator's error word, mokCommGetAsyncError reports it, the
  * megakernel writes nothing and the backward refuses). */
@@ -1049,7 +1049,8 @@ static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, 
  * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
  * expert (cuBLAS), and d_x combined from the padded dX partials through each route's row.
  * The same kernels and operations as mokImplNccl's backward on the same rows: bitwise its
- * results. */
+ * results where the forward ran the shared expert on cuBLAS too (as tiles of the launch its
+ * saved g|u and a differ in the last bits, and so do d_x and its gradients). */
 static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                  const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
