@@ -437,11 +437,16 @@ typedef enum mokImpl {
                           after w_gate (else mokNotSupported). The shared expert runs as tiles of
                           the launch where shared_inter == inter and s_up lies right after s_gate
                           (else on cuBLAS before it; the two differ in the last bits). Its
-                          backward runs mok's GEMMs on the forward's rows (no copies; it waits
-                          once for a 4-byte flag). Routed results bitwise mokImplNccl's.
+                          backward runs mok's GEMMs on the forward's rows (no copies), the
+                          shared expert's too where the forward ran it in the launch; then
+                          neither pass waits on the host (both can be captured in one CUDA
+                          graph). With the shared expert on cuBLAS the backward waits once for a
+                          4-byte flag. Routed results bitwise mokImplNccl's.
                           A bad expert id is found on the device: the forward writes nothing, the
                           communicator's error word records it (mokCommGetAsyncError:
-                          mokDeviceError; sticky) and the backward refuses. */
+                          mokDeviceError; sticky) and the backward writes nothing either (it
+                          returns mokSuccess; with the shared expert on cuBLAS it refuses:
+                          mokInvalidArgument). */
 } mokImpl_t;
 
 /* Collective over comm's ranks. A layer whose passes run on GPUs: checks that every rank

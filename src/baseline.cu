@@ -73,8 +73,9 @@ struct mok_gpu_layer {
   /* shared expert (T_max rows) */
   float *s_gu32;         /* [T_max, 2 I_s] when the clamp is on */
   mokBf16 *s_gu, *s_act, *s_y; /* [T_max, 2 I_s], [T_max, I_s], [T_max, H] */
-  float *s_f32;          /* [T_max, max(I_s, H)] */
-  mokBf16 *s_dgu;        /* [T_max, 2 I_s] */
+  float *s_f32;          /* [T_max rounded up to 64, max(I_s, H)]; mokImplMega's backward: the
+                            shared dX rows (bf16) of mok_gemm_shared_backward */
+  mokBf16 *s_dgu;        /* [T_max rounded up to 64, 2 I_s] */
   /* grouped GEMM arguments: host arrays [E_l]; pointer arrays in SLOTS rotating slots
    * (pinned host -> device), so a call never overwrites pointers a pending copy reads */
   int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
@@ -97,6 +98,8 @@ struct mok_gpu_layer {
   int32_t *d_shared_seg; /* [3] the shared expert as the megakernel's one-expert problem */
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
   int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
+  int fwd_shared_in;     /* the last forward (mokImplMega) ran the shared expert as tiles of its launch:
+                            the backward runs it on mok's GEMMs too, with no host wait */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -200,10 +203,13 @@ __global__ void k_swiglu_bwd(const float *__restrict__ da, const uint16_t *__res
 }
 
 /* out[t] = bf16(base[t] + sum_j w[t,j] * rows[pos[t,j]]), fp32, fixed order j = 0..k-1.
- * base: bf16 (forward: shared y) or fp32 (backward: shared dX) or NULL; w NULL = 1. */
+ * base: bf16 (forward: shared y; mokImplMega's backward: shared dX) or fp32 (backward:
+ * shared dX) or NULL; w NULL = 1. Nothing when bad && *bad (a forward the device refused). */
 template <typename Tb>
 __global__ void k_combine(const Tb *__restrict__ base, const uint16_t *__restrict__ rows, const int32_t *__restrict__ pos,
-                          const float *__restrict__ w, int T, int k, int H, uint16_t *__restrict__ out) {
+                          const float *__restrict__ w, int T, int k, int H, const int32_t *bad,
+                          uint16_t *__restrict__ out) {
+  if (bad && *(const volatile int32_t *)bad) return;
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
     for (int h = threadIdx.x; h < H; h += blockDim.x) {
       float acc = base ? ldf(base + t * H + h) : 0.f;
@@ -273,10 +279,11 @@ __global__ void k_dtopk(const uint16_t *__restrict__ dout, const uint16_t *__res
 /* mokImplMega's backward, one pass over the routed rows: d_topk_w[q] = <d_out[t], y[row[q]]>
  * (k_dtopk's sums, in its order), then the same row becomes dY: bf16(w[q] * d_out[t])
  * (k_dy_rows' values). One warp a route; each lane reads its y elements before it
- * overwrites them. */
+ * overwrites them. Nothing when *bad (the device refused the forward). */
 __global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__restrict__ w,
-                           const int32_t *__restrict__ row, int64_t routes, int k, int H, uint16_t *__restrict__ rows,
-                           float *__restrict__ dw) {
+                           const int32_t *__restrict__ row, int64_t routes, int k, int H, const int32_t *bad,
+                           uint16_t *__restrict__ rows, float *__restrict__ dw) {
+  if (*(const volatile int32_t *)bad) return;
   int lane = threadIdx.x & 31;
   for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
        q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
@@ -577,7 +584,7 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
       {(void **)&g->f32, 4 * (size_t)cap * wide}, {(void **)&g->dgu, 2 * (size_t)(cap * 2 * I)},
       {(void **)&g->s_gu32, Is && clamp ? 4 * (size_t)(T * 2 * Is) : 0}, {(void **)&g->s_gu, 2 * (size_t)(T64 * 2 * Is)},
       {(void **)&g->s_act, 2 * (size_t)(T64 * Is)}, {(void **)&g->s_y, Is ? 2 * (size_t)(T64 * H) : 0},
-      {(void **)&g->s_f32, Is ? 4 * (size_t)T * swide : 0}, {(void **)&g->s_dgu, 2 * (size_t)(T * 2 * Is)}};
+      {(void **)&g->s_f32, Is ? 4 * (size_t)T64 * swide : 0}, {(void **)&g->s_dgu, 2 * (size_t)(T64 * 2 * Is)}};
   size_t total = 0;
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
     if (!dev[i].bytes) continue;
@@ -785,10 +792,11 @@ static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const 
 
 /* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the forward
  * megakernel (dispatch, the shared expert's tiles where I_s = I and s_up follows s_gate,
- * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine (k_combine_rows; not yet inside the megakernel,
- * see ffn_fwd.cuh). No host wait: a bad expert id is found on the device (the schedule
- * records it in the communicator's error word, mokCommGetAsyncError reports it, the
- * megakernel writes nothing and the backward refuses). */
+ * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine
+ * (k_combine_rows; not yet inside the megakernel, see ffn_fwd.cuh). No host wait: a bad
+ * expert id is found on the device (the schedule records it in the communicator's error
+ * word, mokCommGetAsyncError reports it, the megakernel writes nothing, and so does the
+ * backward: see mega_backward). */
 static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
                                 cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -808,6 +816,7 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
    * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
   const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
   if (shared_in) s.shared_seg = g->d_shared_seg;
+  g->fwd_shared_in = shared_in;
   prof_mark(g, "start", st);
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   prof_mark(g, "schedule", st);
@@ -835,9 +844,9 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   return mokSuccess;
 }
 
-/* Before a backward of mokImplMega's forward: a forward whose routes the device schedule
- * refused is refused here (one 4-byte read: the backward's only wait on the device; the
- * exchange of refusals has been made already). */
+/* Before a backward of mokImplMega's forward whose shared expert ran on cuBLAS: a forward
+ * whose routes the device schedule refused is refused here (one 4-byte read, a wait on the
+ * device; the exchange of refusals has been made already). */
 static mokResult_t mega_backward_check(mokLayer_t l, cudaStream_t st) {
   static const char fn[] = "mokLayerBackward";
   struct mok_gpu_layer *g = l->gpu;
@@ -979,7 +988,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   /* 7. shared expert and combine */
   MOK_CHECK(shared_forward(l, in, w, st));
   if (T)
-    k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_y : NULL, g->yret, g->d_pos, in->topk_w, T, k, H,
+    k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_y : NULL, g->yret, g->d_pos, in->topk_w, T, k, H, NULL,
                                                         out);
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
@@ -1026,13 +1035,14 @@ static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const
 /* The routed experts' backward with mok's GEMMs on the padded rows (dY in yp): dgu, the dX
  * partials (bf16, into dxb: [cap, H] fits in the fp32 scratch) and every weight gradient. */
 static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, const mokRankGrads_t *gr, mokBf16 *dxb,
-                                       cudaStream_t st) {
+                                       const int32_t *skip, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
   const int H = c->hidden, I = c->inter;
   const float L = c->swiglu_limit;
   mokGemmRows_t grows;
   MOK_CHECK(gemm_rows(l, l->local_experts, g->cap, g->d_seg, &grows));
+  grows.skip = skip;
   MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
   prof_mark(g, "dA+swiglu'", st);
   MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
@@ -1047,10 +1057,15 @@ static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, 
 /* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
  * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
  * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
- * expert (cuBLAS), and d_x combined from the padded dX partials through each route's row.
- * The same kernels and operations as mokImplNccl's backward on the same rows: bitwise its
- * results where the forward ran the shared expert on cuBLAS too (as tiles of the launch its
- * saved g|u and a differ in the last bits, and so do d_x and its gradients). */
+ * expert, and d_x combined from the padded dX partials through each route's row.
+ * The shared expert: where the forward ran it as tiles of its launch, on mok's four GEMMs
+ * too (a one-expert problem over the tokens, mok_gemm_shared_backward; its dX rows bf16);
+ * else cuBLAS (shared_backward, dX fp32) — then the routed part is mokImplNccl's backward on
+ * the same rows, and every result bitwise its.
+ * No host wait where the shared expert ran in the launch or there is none: every kernel
+ * reads the schedule's refusal flag (d_bad) at its start and writes nothing when it is set.
+ * With the shared expert on cuBLAS the caller first checks the flag on the host
+ * (mega_backward_check). */
 static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                  const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -1060,14 +1075,29 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
   const int64_t routes = (int64_t)T * k;
   prof_mark(g, "start", st);
   if (routes)
-    k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->yp,
-                                                            gr->d_topk_w);
+    k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->d_bad,
+                                                            g->yp, gr->d_topk_w);
   prof_mark(g, "dtopk+dy", st);
   mokBf16 *dxb = (mokBf16 *)g->f32;
-  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, st));
-  MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
-  if (T)
-    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H, gr->d_x);
+  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
+  const int shared_in = Is && T && g->fwd_shared_in;
+  if (shared_in) {
+    mokGemmRows_t sr;
+    MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr)); /* {T}, {0, T64} */
+    sr.input_rows = T;
+    sr.skip = g->d_bad;
+    MOK_CHECK(mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down,
+                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, c->grad_dtype, gr->d_s_gate,
+                                       gr->d_s_up, gr->d_s_down, st));
+  } else {
+    MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
+  }
+  if (T && shared_in)
+    k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>((const uint16_t *)g->s_f32, dxb, g->d_route_row, NULL, T, k, H,
+                                                         g->d_bad, gr->d_x);
+  else if (T)
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H,
+                                                      g->d_bad, gr->d_x);
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
   int rank = 0;
@@ -1102,7 +1132,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   prof_mark(g, "dtopk+dy+a2a+gather", st);
   if (g->fwd_impl == mokImplNccl) { /* mok's GEMMs */
     mokBf16 *dxb = (mokBf16 *)g->f32;
-    MOK_CHECK(mok_expert_backward(l, w, gr, dxb, st));
+    MOK_CHECK(mok_expert_backward(l, w, gr, dxb, NULL, st));
     if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(dxb, g->d_map, rows, H, g->recv);
   } else {
     MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
@@ -1130,7 +1160,8 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   prof_mark(g, "scatter+a2a", st);
   MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
   if (T)
-    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, g->send, g->d_pos, NULL, T, k, H, gr->d_x);
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, g->send, g->d_pos, NULL, T, k, H, NULL,
+                                                      gr->d_x);
   prof_mark(g, "shared+combine", st);
   {
     int rank = 0;
@@ -1250,7 +1281,10 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     else if (first_bad >= 0)
       rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its backward input; nothing was written", fn, first_bad);
   }
-  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) rc = mega_backward_check(l, st);
+  /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
+   * the shared expert (it cannot read the flag); else every kernel reads it (mega_backward) */
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && Is && T && !l->gpu->fwd_shared_in)
+    rc = mega_backward_check(l, st);
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl == mokImplMega ? mega_backward(l, in, w, d_out, gr, st) : baseline_backward(l, in, w, d_out, gr, st);
   if (prev >= 0) cudaSetDevice(prev);

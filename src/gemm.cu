@@ -108,6 +108,9 @@ static mokResult_t check_rows(const char *fn, const mokGemmRows_t *rows, int hid
                      "%s: rows->capacity = %lld, must be a multiple of 64 in [64, 2^31)", fn,
                      (long long)rows->capacity);
   if (!rows->expert_offset) return mok_error(NULL, mokInvalidArgument, "%s: rows->expert_offset is NULL", fn);
+  if (rows->input_rows < 0 || rows->input_rows > rows->capacity)
+    return mok_error(NULL, mokInvalidArgument, "%s: rows->input_rows = %lld, must be in [0, capacity %lld]", fn,
+                     (long long)rows->input_rows, (long long)rows->capacity);
   if (hidden < 64 || hidden % 64)
     return mok_error(NULL, mokInvalidArgument, "%s: hidden = %d, must be a multiple of 64, >= 64", fn, hidden);
   if (inter < 64 || inter % 64)
@@ -115,6 +118,11 @@ static mokResult_t check_rows(const char *fn, const mokGemmRows_t *rows, int hid
   if ((int64_t)rows->num_experts * (hidden > inter ? hidden : inter) >= ((int64_t)1 << 31))
     return mok_error(NULL, mokInvalidArgument, "%s: num_experts * max(hidden, inter) must be < 2^31", fn);
   return mokSuccess;
+}
+
+/* The rows of the inputs x and dy (rows->input_rows, else capacity). */
+static uint64_t input_rows(const mokGemmRows_t *rows) {
+  return (uint64_t)(rows->input_rows ? rows->input_rows : rows->capacity);
 }
 
 static mokResult_t check_ptr(const char *fn, const char *name, const void *p) {
@@ -629,6 +637,7 @@ static GemmTileArgs base_args(const mokGemmRows_t *rows) {
   memset(&a, 0, sizeof a);
   a.expert_offset = rows->expert_offset;
   a.expert_count = rows->expert_count;
+  a.skip = rows->skip;
   a.num_experts = rows->num_experts;
   a.raster = __atomic_load_n(&g_raster, __ATOMIC_RELAXED);
   a.tok_units = __atomic_load_n(&g_tok_units, __ATOMIC_RELAXED);
@@ -674,13 +683,14 @@ static mokResult_t gateup_fwd_args(const char *fn, const mokGemmRows_t *rows, in
   a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   const uint32_t out_box = ts.token ? 32 : 64; /* token tiles: 32-row boxes (and 16 below) */
-  MOK_CHECK(make_map(&a.tm_a, x, hidden, rows->capacity, kBM, "x"));
-  MOK_CHECK(make_map(&a.tm_a64, x, hidden, rows->capacity, 64, "x"));
+  const uint64_t xr = input_rows(rows);
+  MOK_CHECK(make_map(&a.tm_a, x, hidden, xr, kBM, "x"));
+  MOK_CHECK(make_map(&a.tm_a64, x, hidden, xr, 64, "x"));
   const int pw = ts.token ? l2_promo_rule(0) : 256, pr = ts.token ? l2_promo_rule(1) : 256;
-  MOK_CHECK(make_map(&a.tm_tok, x, hidden, rows->capacity, 32, "x", pr));
-  MOK_CHECK(make_map(&a.tm_tok16, x, hidden, rows->capacity, 16, "x", pr));
+  MOK_CHECK(make_map(&a.tm_tok, x, hidden, xr, 32, "x", pr));
+  MOK_CHECK(make_map(&a.tm_tok16, x, hidden, xr, 16, "x", pr));
   a.row_box128 = row_box_rule(mokGemmGateUpFwd);
-  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, rows->capacity, 128, "x", pr));
+  if (a.row_box128) MOK_CHECK(make_map(&a.tm_tok128, x, hidden, xr, 128, "x", pr));
   MOK_CHECK(make_map(&a.tm_b0, w_gate, hidden, E * inter, 64, "w_gate", pw)); /* 64-row boxes, interleaved */
   MOK_CHECK(make_map(&a.tm_b1, w_up, hidden, E * inter, 64, "w_up", pw));
   const int gu_boxes = gu_boxes_rule();
@@ -864,17 +874,11 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
     sr.expert_count = mega->s_seg;
     sr.expert_offset = mega->s_seg + 1;
     sr.expert_count_host = NULL;
+    sr.input_rows = mega->tokens; /* x has `tokens` rows: its maps end there (TMA reads zeros past them) */
     mokGemmTileShape_t ts;
     int sp = 0;
     MOK_CHECK(gateup_fwd_args(fn, &sr, hidden, inter, swiglu_limit, mega->x, mega->s_gate, mega->s_up, mega->s_act,
                               mega->s_gu, sga, ts));
-    /* x has `tokens` rows, not sr.capacity: its maps end there (TMA reads zeros past them) */
-    const int pr = l2_promo_rule(1);
-    MOK_CHECK(make_map(&sga.tm_tok, mega->x, hidden, (uint64_t)mega->tokens, 32, "x", pr));
-    MOK_CHECK(make_map(&sga.tm_tok16, mega->x, hidden, (uint64_t)mega->tokens, 16, "x", pr));
-    if (sga.row_box128) MOK_CHECK(make_map(&sga.tm_tok128, mega->x, hidden, (uint64_t)mega->tokens, 128, "x", pr));
-    MOK_CHECK(make_map(&sga.tm_a, mega->x, hidden, (uint64_t)mega->tokens, kBM, "x"));
-    MOK_CHECK(make_map(&sga.tm_a64, mega->x, hidden, (uint64_t)mega->tokens, 64, "x"));
     MOK_CHECK(down_fwd_args(fn, &sr, hidden, inter, mega->s_act, mega->s_down, mega->s_y, sda, ts, sp));
     finish_args(sga, &sr, kGateUpFwd, 1);
     finish_args(sda, &sr, kDownFwd, 1);
@@ -902,8 +906,9 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(mok_gemm_tile_shape(mokGemmDownDgrad, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
-  MOK_CHECK(make_map(&a.tm_a, dy, hidden, rows->capacity, kBM, "dy"));
-  MOK_CHECK(make_map(&a.tm_a64, dy, hidden, rows->capacity, 64, "dy"));
+  const uint64_t dyr = input_rows(rows);
+  MOK_CHECK(make_map(&a.tm_a, dy, hidden, dyr, kBM, "dy"));
+  MOK_CHECK(make_map(&a.tm_a64, dy, hidden, dyr, 64, "dy"));
   MOK_CHECK(make_map(&a.tm_b0, w_down, inter, E * hidden, 64, "w_down"));
   a.tm_b1 = a.tm_b0;
   a.n_out = inter;
@@ -913,8 +918,8 @@ extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden
   if (__atomic_load_n(&g_ddown_tok, __ATOMIC_RELAXED) == 1 && inter % 256 == 0) {
     /* experiment: token tiles (M = 256 columns of I, N = the expert's rows, K = H; the
      * weights MN-major in tm_b0's 64 x 64 boxes), g and u in 32-row pieces */
-    MOK_CHECK(make_map(&a.tm_tok, dy, hidden, rows->capacity, 32, "dy"));
-    MOK_CHECK(make_map(&a.tm_tok16, dy, hidden, rows->capacity, 16, "dy"));
+    MOK_CHECK(make_map(&a.tm_tok, dy, hidden, dyr, 32, "dy"));
+    MOK_CHECK(make_map(&a.tm_tok16, dy, hidden, dyr, 16, "dy"));
     MOK_CHECK(make_map(&a.tm_aux, gu, 2 * (uint64_t)inter, rows->capacity, 32, "gu"));
     MOK_CHECK(make_map(&a.tm_out0, dgu, 2 * (uint64_t)inter, rows->capacity, 32, "dgu"));
     MOK_CHECK(make_map(&a.tm_out0h, dgu, 2 * (uint64_t)inter, rows->capacity, 16, "dgu"));
@@ -957,17 +962,18 @@ extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidd
   return launch_bn<kGateUpDgrad>(ts.bn, a, rows, row_tiles_bound(rows, hidden, ts.out_cols), stream);
 }
 
+/* a_ext, b_ext: the rows that a_rows and b_rows hold */
 static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t *rows, int hidden, int inter,
-                         const mokBf16 *a_rows, int m_w, int m_split, const mokBf16 *b_rows, int n_w,
-                         mokDtype_t dtype, void *out0, void *out1, cudaStream_t stream) {
+                         const mokBf16 *a_rows, uint64_t a_ext, int m_w, int m_split, const mokBf16 *b_rows,
+                         uint64_t b_ext, int n_w, mokDtype_t dtype, void *out0, void *out1, cudaStream_t stream) {
   if (dtype != mokDtypeBF16 && dtype != mokDtypeFP32)
     return mok_error(NULL, mokInvalidArgument, "%s: grad_dtype = %d, must be mokDtypeBF16 or mokDtypeFP32", fn,
                      (int)dtype);
   mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(kind, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
-  MOK_CHECK(make_map(&a.tm_a, a_rows, (uint64_t)m_w, rows->capacity, 64, "wgrad A"));
-  MOK_CHECK(make_map(&a.tm_b0, b_rows, (uint64_t)n_w, rows->capacity, 64, "wgrad B"));
+  MOK_CHECK(make_map(&a.tm_a, a_rows, (uint64_t)m_w, a_ext, 64, "wgrad A"));
+  MOK_CHECK(make_map(&a.tm_b0, b_rows, (uint64_t)n_w, b_ext, 64, "wgrad B"));
   a.tm_b1 = a.tm_b0;
   a.tm_a64 = a.tm_a;
   a.n_out = n_w;
@@ -995,8 +1001,8 @@ extern "C" mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidd
   MOK_CHECK(check_ptr(fn, "x", x));
   MOK_CHECK(check_ptr(fn, "dw_gate", dw_gate));
   MOK_CHECK(check_ptr(fn, "dw_up", dw_up));
-  return wgrad(fn, mokGemmWgradGateUp, rows, hidden, inter, dgu, 2 * inter, inter, x, hidden, grad_dtype, dw_gate,
-               dw_up, stream);
+  return wgrad(fn, mokGemmWgradGateUp, rows, hidden, inter, dgu, (uint64_t)rows->capacity, 2 * inter, inter, x,
+               input_rows(rows), hidden, grad_dtype, dw_gate, dw_up, stream);
 }
 
 extern "C" mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dy,
@@ -1007,8 +1013,33 @@ extern "C" mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden
   MOK_CHECK(check_ptr(fn, "dy", dy));
   MOK_CHECK(check_ptr(fn, "act", act));
   MOK_CHECK(check_ptr(fn, "dw_down", dw_down));
-  return wgrad(fn, mokGemmWgradDown, rows, hidden, inter, dy, hidden, hidden, act, inter, grad_dtype, dw_down,
-               dw_down, stream);
+  return wgrad(fn, mokGemmWgradDown, rows, hidden, inter, dy, input_rows(rows), hidden, hidden, act,
+               (uint64_t)rows->capacity, inter, grad_dtype, dw_down, dw_down, stream);
+}
+
+extern "C" mokResult_t mok_gemm_shared_backward(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                                const mokBf16 *dy, const mokBf16 *x, const mokBf16 *s_gate,
+                                                const mokBf16 *s_up, const mokBf16 *s_down, const mokBf16 *gu,
+                                                const mokBf16 *act, mokBf16 *dgu, mokBf16 *dx, mokDtype_t grad_dtype,
+                                                void *dw_gate, void *dw_up, void *dw_down, cudaStream_t stream) {
+  static const char fn[] = "mok_gemm_shared_backward";
+  MOK_CHECK(check_rows(fn, rows, hidden, inter));
+  if (rows->num_experts != 1 || !rows->input_rows)
+    return mok_error(NULL, mokInvalidArgument, "%s: one expert of input_rows > 0 rows (here %d experts, %lld rows)",
+                     fn, rows->num_experts, (long long)rows->input_rows);
+  if (grad_dtype != mokDtypeBF16 && grad_dtype != mokDtypeFP32)
+    return mok_error(NULL, mokInvalidArgument, "%s: grad_dtype = %d, must be mokDtypeBF16 or mokDtypeFP32", fn,
+                     (int)grad_dtype);
+  const void *p[] = {dy, x, s_gate, s_up, s_down, gu, act, dgu, dx, dw_gate, dw_up, dw_down};
+  static const char *names[] = {"dy", "x", "s_gate", "s_up", "s_down", "gu", "act", "dgu", "dx", "dw_gate", "dw_up",
+                                "dw_down"};
+  for (int i = 0; i < 12; i++) MOK_CHECK(check_ptr(fn, names[i], p[i]));
+  /* dgu from dy (zero past the tokens, so dgu's padding rows are zero: gu's are), then
+   * the shared d_x rows, then the weight gradients over the tokens */
+  MOK_CHECK(mok_gemm_down_dgrad(rows, hidden, inter, swiglu_limit, dy, s_down, gu, dgu, stream));
+  MOK_CHECK(mok_gemm_gateup_dgrad(rows, hidden, inter, dgu, s_gate, s_up, dx, stream));
+  MOK_CHECK(mok_gemm_wgrad_down(rows, hidden, inter, dy, act, grad_dtype, dw_down, stream));
+  return mok_gemm_wgrad_gateup(rows, hidden, inter, dgu, x, grad_dtype, dw_gate, dw_up, stream);
 }
 
 /* ---- test / benchmark helpers ------------------------------------------------------ */

@@ -60,6 +60,13 @@ typedef struct mokGemmRows {
   const int32_t *expert_count_host; /* optional: expert_count's values in host memory, read during
                                        the call (the forward down GEMM picks its stage ring from them:
                                        mok_gemm_debug_tok_ring); NULL: unknown */
+  int64_t input_rows; /* 0, or the rows that x (gate+up forward, gate+up wgrad) and dy (down dgrad,
+                         down wgrad) hold where fewer than capacity (a one-expert problem straight
+                         on the caller's tokens: the shared expert): their TMA maps end there and
+                         read zeros past it, so the padding rows stay zero; 0 .. capacity */
+  const int32_t *skip; /* device flag or NULL: nonzero when a backward launch (dgrad, wgrad)
+                          starts = that launch writes nothing (every CTA ends at once). The
+                          megakernel path's backward after a forward the device refused */
 } mokGemmRows_t;
 
 #define MOK_GEMM_MAX_EXPERTS 1024
@@ -156,6 +163,20 @@ mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int int
 mokResult_t mok_gemm_wgrad_down(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dy,
                                 const mokBf16 *act, mokDtype_t grad_dtype, void *dw_down,
                                 cudaStream_t stream);
+
+/* The shared expert's backward on the four backward kinds above, as a one-expert problem of
+ * `tokens` rows (rows: num_experts 1, capacity >= tokens rounded up to 64, expert_count /
+ * expert_offset = {tokens} / {0, capacity-or-less} on the device (the schedule's shared_seg),
+ * input_rows = tokens, skip as above). dy and x: the caller's [tokens, H]; gu and act: the
+ * forward's saved rows, zero on the padding rows (the megakernel's shared tiles write them so);
+ * dgu [capacity, 2I] and dx [capacity, H] bf16 (scratch; dx: the shared d_x rows); weight
+ * gradients [I, H], [I, H], [H, I] in grad_dtype. Results: the same tiles as the routed
+ * experts', bitwise reproducible. */
+mokResult_t mok_gemm_shared_backward(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
+                                     const mokBf16 *dy, const mokBf16 *x, const mokBf16 *s_gate,
+                                     const mokBf16 *s_up, const mokBf16 *s_down, const mokBf16 *gu,
+                                     const mokBf16 *act, mokBf16 *dgu, mokBf16 *dx, mokDtype_t grad_dtype,
+                                     void *dw_gate, void *dw_up, void *dw_down, cudaStream_t stream);
 
 /* [OUT] word: the module's device error word (0 = none; see above). Waits for the device
  * (cudaMemcpyFromSymbol). clear != 0 zeroes a recorded word. */

@@ -99,6 +99,22 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_down_fwd(&bad, 256, 256, p, p, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "capacity") != NULL);
   bad = rows;
+  bad.input_rows = 1025;
+  CHECK_STATUS(mok_gemm_down_dgrad(&bad, 256, 256, 0.f, p, p, p, q, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "input_rows") != NULL);
+  /* the shared expert's backward: one expert of input_rows > 0 rows, every pointer given */
+  CHECK_STATUS(mok_gemm_shared_backward(&rows, 256, 256, 0.f, p, p, p, p, p, p, p, q, q, mokDtypeBF16, q, q, q, 0),
+               mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "one expert") != NULL);
+  bad = rows;
+  bad.num_experts = 1, bad.input_rows = 100;
+  CHECK_STATUS(mok_gemm_shared_backward(&bad, 256, 256, 0.f, p, NULL, p, p, p, p, p, q, q, mokDtypeBF16, q, q, q, 0),
+               mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "x is NULL") != NULL);
+  CHECK_STATUS(mok_gemm_shared_backward(&bad, 256, 256, 0.f, p, p, p, p, p, p, p, q, q, (mokDtype_t)9, q, q, q, 0),
+               mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "grad_dtype") != NULL);
+  bad = rows;
   bad.expert_offset = NULL;
   CHECK_STATUS(mok_gemm_down_dgrad(&bad, 256, 256, 0.f, p, p, p, q, 0), mokInvalidArgument);
   CHECK(strstr(mokGetLastError(), "expert_offset") != NULL);

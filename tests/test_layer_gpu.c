@@ -290,36 +290,154 @@ MOK_GPU_TEST(layer_mega_bitwise_nccl_1gpu, 1) {
   mokLocalCommsDestroy(1, &comm);
 }
 
+/* Every tensor a pass writes: out, then the gradients; sizes in bytes. */
+static int pass_outputs(const gpu_case *c, void *ptr[9], size_t bytes[9]) {
+  const size_t th = (size_t)c->T[0] * c->cfg.hidden, tk = (size_t)c->T[0] * c->cfg.topk;
+  const size_t wgu = (size_t)c->El * c->cfg.inter * c->cfg.hidden, sgu = (size_t)c->cfg.shared_inter * c->cfg.hidden;
+  void *p[9] = {c->out_d[0], c->dg[0].d_x, c->dg[0].d_topk_w, c->dg[0].d_w_gate, c->dg[0].d_w_up, c->dg[0].d_w_down,
+                c->dg[0].d_s_gate, c->dg[0].d_s_up, c->dg[0].d_s_down};
+  size_t b[9] = {2 * th, 2 * th, 4 * tk, gsz(c) * wgu, gsz(c) * wgu, gsz(c) * wgu, gsz(c) * sgu, gsz(c) * sgu,
+                 gsz(c) * sgu};
+  for (int q = 0; q < 9; q++) ptr[q] = p[q], bytes[q] = p[q] ? b[q] : 0;
+  return 9;
+}
+
 /* A bad expert id under mokImplMega is found on the device: the forward returns (no host
- * wait) but writes nothing, the backward refuses, the communicator reports mokDeviceError. */
+ * wait) but writes nothing, the communicator reports mokDeviceError. The backward: with the
+ * shared expert as tiles of the launch it returns too (no host wait) and writes nothing
+ * either; with the shared expert on cuBLAS (apart) it checks on the host and refuses. */
 MOK_GPU_TEST(layer_mega_bad_id_writes_nothing, 1) {
+  for (int apart = 0; apart < 2 && !t->failed; apart++) {
+    mokComm_t comm = NULL;
+    CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xbad));
+    c->impl = mokImplMega;
+    c->shared_apart = apart;
+    CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+    void *ptr[9];
+    size_t bytes[9];
+    pass_outputs(c, ptr, bytes);
+    char *poison[9], *after[9];
+    for (int q = 0; q < 9; q++) {
+      poison[q] = malloc(bytes[q] + 1), after[q] = malloc(bytes[q] + 1);
+      memset(poison[q], 0x77 + q, bytes[q]);
+      if (bytes[q]) cudaMemcpy(ptr[q], poison[q], bytes[q], cudaMemcpyHostToDevice);
+    }
+    int32_t bad = c->cfg.num_experts;
+    cudaMemcpy((int32_t *)c->din[0].topk_idx + 5, &bad, 4, cudaMemcpyHostToDevice);
+    mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], 0);
+    mokResult_t bwd = mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], 0);
+    cudaDeviceSynchronize();
+    for (int q = 0; q < 9; q++)
+      if (bytes[q]) cudaMemcpy(after[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
+    mokResult_t async = mokSuccess;
+    CHECK_OK(mokCommGetAsyncError(comm, &async));
+    CHECK_MSG(fwd == mokSuccess, "forward gave %s (it finds the bad id on the device)", mokGetErrorName(fwd));
+    CHECK_MSG(bwd == (apart ? mokInvalidArgument : mokSuccess), "shared %s: backward gave %s",
+              apart ? "on cuBLAS" : "in the launch", mokGetErrorName(bwd));
+    static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                  "d_s_down"};
+    for (int q = 0; q < 9; q++)
+      CHECK_MSG(memcmp(poison[q], after[q], bytes[q]) == 0, "shared %s: %s was written after a bad expert id",
+                apart ? "on cuBLAS" : "in the launch", names[q]);
+    CHECK_MSG(async == mokDeviceError, "mokCommGetAsyncError gave %s", mokGetErrorName(async));
+    CHECK(strstr(mokCommGetLastError(comm), "topk_idx") != NULL);
+    for (int q = 0; q < 9; q++) free(poison[q]), free(after[q]);
+    mokLocalRun(1, &comm, rank_free, c);
+    case_free(c);
+    free(c);
+    mokLocalCommsDestroy(1, &comm);
+  }
+}
+
+/* mokImplMega with the shared expert in the launch never waits on the host: its forward and
+ * backward are captured in one CUDA graph under cudaStreamCaptureModeGlobal (where a host
+ * wait is an error), and the replays give the eager passes' results bitwise, on the first
+ * data and on new data written into the captured inputs. */
+static void fetch_outputs(const gpu_case *c, char *dst[9]) {
+  void *ptr[9];
+  size_t bytes[9];
+  pass_outputs(c, ptr, bytes);
+  for (int q = 0; q < 9; q++) {
+    dst[q] = malloc(bytes[q] + 1);
+    if (bytes[q]) cudaMemcpy(dst[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
+  }
+}
+
+MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {
+  static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                "d_s_down"};
+  static const int modes[] = {RT_RANDOM, RT_ONE_EXPERT, RT_UNEVEN}; /* (one expert: no shared expert) */
   mokComm_t comm = NULL;
   CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
-  gpu_case *c = calloc(1, sizeof *c);
-  CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xbad));
-  c->impl = mokImplMega;
-  CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
-  const int H = c->cfg.hidden, T = c->T[0];
-  mokBf16 *poison = malloc(2 * (size_t)T * H), *after = malloc(2 * (size_t)T * H);
-  memset(poison, 0x77, 2 * (size_t)T * H);
-  cudaMemcpy(c->out_d[0], poison, 2 * (size_t)T * H, cudaMemcpyHostToDevice);
-  int32_t bad = c->cfg.num_experts;
-  cudaMemcpy((int32_t *)c->din[0].topk_idx + 5, &bad, 4, cudaMemcpyHostToDevice);
-  mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], 0);
-  cudaDeviceSynchronize();
-  cudaMemcpy(after, c->out_d[0], 2 * (size_t)T * H, cudaMemcpyDeviceToHost);
-  mokResult_t bwd = mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], 0);
-  mokResult_t async = mokSuccess;
-  CHECK_OK(mokCommGetAsyncError(comm, &async));
-  CHECK_MSG(fwd == mokSuccess, "forward gave %s (it finds the bad id on the device)", mokGetErrorName(fwd));
-  CHECK_MSG(memcmp(poison, after, 2 * (size_t)T * H) == 0, "out was written after a bad expert id");
-  CHECK_MSG(bwd == mokInvalidArgument, "backward gave %s", mokGetErrorName(bwd));
-  CHECK_MSG(async == mokDeviceError, "mokCommGetAsyncError gave %s", mokGetErrorName(async));
-  CHECK(strstr(mokCommGetLastError(comm), "topk_idx") != NULL);
-  free(poison), free(after);
-  mokLocalRun(1, &comm, rank_free, c);
-  case_free(c);
-  free(c);
+  for (int mi = 0; mi < 3 && !t->failed; mi++) {
+    gpu_case *c = calloc(1, sizeof *c), *c2 = calloc(1, sizeof *c2);
+    const uint64_t seed = test_seed() ^ (uint64_t)(0x9a + mi);
+    CHECK(case_init(c, 1, modes[mi], mi == 2 ? 0.5f : 0.f, mi == 1 ? mokDtypeFP32 : mokDtypeBF16, seed));
+    CHECK(case_init(c2, 1, modes[mi], mi == 2 ? 0.5f : 0.f, mi == 1 ? mokDtypeFP32 : mokDtypeBF16, seed + 1));
+    c->impl = mokImplMega;
+    CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+    char *eager[2][9], *replay[2][9];
+    fetch_outputs(c, eager[0]);
+    cudaStream_t st;
+    CHECK(cudaStreamCreate(&st) == cudaSuccess);
+    cudaGraph_t graph = NULL;
+    cudaGraphExec_t exec = NULL;
+    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+    mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], st);
+    mokResult_t bwd = mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], st);
+    cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    CHECK_MSG(fwd == mokSuccess && bwd == mokSuccess, "captured passes: %s", mokGetLastError());
+    CHECK_MSG(ce == cudaSuccess, "capture: %s", cudaGetErrorString(ce));
+    CHECK(ce == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+    const int H = c->cfg.hidden, k = c->cfg.topk, T = c->T[0], El = c->El, I = c->cfg.inter, Is = c->cfg.shared_inter;
+    for (int round = 0; round < 2 && !t->failed; round++) {
+      void *ptr[9];
+      size_t bytes[9];
+      pass_outputs(c, ptr, bytes);
+      for (int q = 0; q < 9; q++)
+        if (bytes[q]) cudaMemset(ptr[q], 0xff, bytes[q]);
+      if (round == 1) { /* new data into the captured tensors; its eager results first */
+        const size_t th = (size_t)T * H, tk = (size_t)T * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
+        cudaMemcpy((void *)c->din[0].x, c2->in[0].x, 2 * th, cudaMemcpyHostToDevice);
+        cudaMemcpy((void *)c->din[0].topk_idx, c2->in[0].topk_idx, 4 * tk, cudaMemcpyHostToDevice);
+        cudaMemcpy((void *)c->din[0].topk_w, c2->in[0].topk_w, 4 * tk, cudaMemcpyHostToDevice);
+        cudaMemcpy(c->dout_d[0], c2->dout[0], 2 * th, cudaMemcpyHostToDevice);
+        cudaMemcpy((void *)c->dw[0].w_gate, c2->w[0].w_gate, 2 * wgu, cudaMemcpyHostToDevice);
+        cudaMemcpy((void *)c->dw[0].w_up, c2->w[0].w_up, 2 * wgu, cudaMemcpyHostToDevice);
+        cudaMemcpy((void *)c->dw[0].w_down, c2->w[0].w_down, 2 * wgu, cudaMemcpyHostToDevice);
+        if (Is) {
+          cudaMemcpy((void *)c->dw[0].s_gate, c2->w[0].s_gate, 2 * sgu, cudaMemcpyHostToDevice);
+          cudaMemcpy((void *)c->dw[0].s_up, c2->w[0].s_up, 2 * sgu, cudaMemcpyHostToDevice);
+          cudaMemcpy((void *)c->dw[0].s_down, c2->w[0].s_down, 2 * sgu, cudaMemcpyHostToDevice);
+        }
+        CHECK_OK(mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], st));
+        CHECK_OK(mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], st));
+        cudaStreamSynchronize(st);
+        fetch_outputs(c, eager[1]);
+        for (int q = 0; q < 9; q++)
+          if (bytes[q]) cudaMemset(ptr[q], 0xff, bytes[q]);
+      }
+      CHECK(exec && cudaGraphLaunch(exec, st) == cudaSuccess);
+      CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+      fetch_outputs(c, replay[round]);
+      for (int q = 0; q < 9; q++)
+        CHECK_MSG(memcmp(eager[round][q], replay[round][q], bytes[q]) == 0, "case %d, replay %d: %s differs from the "
+                  "eager pass", mi, round, names[q]);
+    }
+    mokResult_t async = mokSuccess;
+    CHECK_OK(mokCommGetAsyncError(comm, &async));
+    CHECK_MSG(async == mokSuccess, "async error %s", mokGetErrorName(async));
+    for (int r = 0; r < 2; r++)
+      for (int q = 0; q < 9; q++) free(eager[r][q]), free(replay[r][q]);
+    if (exec) cudaGraphExecDestroy(exec);
+    if (graph) cudaGraphDestroy(graph);
+    cudaStreamDestroy(st);
+    mokLocalRun(1, &comm, rank_free, c);
+    case_free(c), case_free(c2);
+    free(c), free(c2);
+  }
   mokLocalCommsDestroy(1, &comm);
 }
 

@@ -133,6 +133,7 @@ struct GemmTileArgs {
   CUtensorMap tm_tok128; /* token tiles: the rows operand with a 128-row box (row_box128) */
   const int32_t *expert_offset; /* [E_l + 1] */
   const int32_t *expert_count;  /* [E_l] routed rows of each expert, or NULL (token tiles) */
+  const int32_t *skip;          /* backward kinds: nonzero at the start = the launch writes nothing */
   int num_experts;
   int raster;     /* row-grouped kinds: tiles of an expert run in groups of `raster` row
                      tiles, every output block of a group before the next group */
@@ -1714,6 +1715,8 @@ struct PickType<false, T, F> {
 template <int KIND, int BN, int TOK, bool DIAG = true>
 __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_constant__ GemmTileArgs a) {
   static_assert(DIAG || (TOK == 1 && KIND != kDownDgrad), "lean instances: the forward token tiles alone");
+  if constexpr (KIND >= kDownDgrad) /* the backward kinds: a forward the device refused, nothing to write */
+    if (a.skip && *(const volatile int32_t *)a.skip) return;
   using K = TokKnobs<DIAG>;
   /* token tiles: BN = 128 picks the ring of 128-row stages (kTokRing128), else 256 */
   constexpr int kRing = TOK != 0 && BN == 128 ? kTokRing128 : kTokMaxUnits;
