@@ -138,7 +138,9 @@ mokResult_t mokLayerGetConfig(mokLayer_t layer, mokConfig_t *config);
 /* The message of the last failing call on this handle; "" if none. */
 const char *mokLayerGetLastError(mokLayer_t layer);
 
-/* ---- per-rank tensors (host pointers for the reference entry points) ------------ */
+/* ---- per-rank tensors (host pointers for the reference entry points) ------------ *
+ * The GPU layer takes device pointers, and the token tensors x, out, d_out and d_x
+ * 16-byte aligned (any allocation, or a view that starts at a token: H % 64 == 0). */
 typedef struct mokRankInput {
   int num_tokens;           /* T_r, 0 <= T_r <= max_tokens */
   const mokBf16 *x;         /* [T_r, H] */

@@ -225,8 +225,9 @@ __global__ void k_combine(const Tb *__restrict__ base, const uint16_t *__restric
 
 /* mokImplMega's combine: out[t] = bf16(base[t] + sum_j w[t,j] * y[row[t,j]]) straight
  * from the padded y (row: the route's row, -1 = empty slot), 8 columns a thread; the
- * same operations in the same order as k_combine (so bitwise its result). Nothing when
- * *bad (the device schedule refused the routes). */
+ * same operations in the same order as k_combine (so bitwise its result; w NULL = 1, and
+ * 1.0f * v is v). The backward's d_x: base the shared dX rows, y the dX partials, w NULL.
+ * Nothing when *bad (the device schedule refused the routes). */
 __global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__restrict__ y,
                                const int32_t *__restrict__ row, const float *__restrict__ w, int T, int k, int row_u4,
                                const int32_t *bad, uint4 *__restrict__ out) {
@@ -245,7 +246,7 @@ __global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__re
       for (int j = 0; j < k; j++) {
         const int32_t r = row[t * k + j];
         if (r < 0) continue;
-        const float wt = w[t * k + j];
+        const float wt = w ? w[t * k + j] : 1.f;
         const uint4 v = y[(int64_t)r * row_u4 + u];
         const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
         for (int q = 0; q < 4; q++) {
@@ -724,6 +725,15 @@ static mokResult_t check_dev_ptr(mokLayer_t l, const char *fn, const void *p, co
   return mokSuccess;
 }
 
+/* A [T, H] token tensor (x, out, d_out, d_x): a device pointer, 16-byte aligned (the
+ * permute and combine kernels move rows 16 bytes at a time). */
+static mokResult_t check_tok_ptr(mokLayer_t l, const char *fn, const void *p, const char *name, int need) {
+  MOK_CHECK(check_dev_ptr(l, fn, p, name, need));
+  if (need && (uintptr_t)p % 16)
+    return mok_error(l, mokInvalidArgument, "%s: %s is not 16-byte aligned (%p)", fn, name, p);
+  return mokSuccess;
+}
+
 static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, const mokRankInput_t *in,
                               const mokRankWeights_t *w) {
   if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
@@ -755,7 +765,7 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
     return mok_error(l, mokInvalidArgument, "%s: input->num_tokens is %d, it must be in [0, max_tokens=%d]", fn,
                      in->num_tokens, c->max_tokens);
   int T = in->num_tokens, Is = c->shared_inter;
-  MOK_CHECK(check_dev_ptr(l, fn, in->x, "input->x", T > 0));
+  MOK_CHECK(check_tok_ptr(l, fn, in->x, "input->x", T > 0));
   MOK_CHECK(check_dev_ptr(l, fn, in->topk_idx, "input->topk_idx", T > 0));
   MOK_CHECK(check_dev_ptr(l, fn, in->topk_w, "input->topk_w", T > 0));
   MOK_CHECK(check_dev_ptr(l, fn, w->w_gate, "weights->w_gate", 1));
@@ -1092,9 +1102,9 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
   } else {
     MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
   }
-  if (T && shared_in)
-    k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>((const uint16_t *)g->s_f32, dxb, g->d_route_row, NULL, T, k, H,
-                                                         g->d_bad, gr->d_x);
+  if (T && shared_in) /* (8 columns a thread: H % 256 == 0 here) */
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, (const uint4 *)dxb, g->d_route_row, NULL,
+                                                   T, k, H / 8, g->d_bad, (uint4 *)gr->d_x);
   else if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H,
                                                       g->d_bad, gr->d_x);
@@ -1233,7 +1243,7 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   cudaGetDevice(&prev);
   if (l && l->gpu) cudaSetDevice(l->gpu->device);
   mokResult_t rc = check_pass(l, fn, impl, in, w);
-  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, out, "out", in->num_tokens > 0);
+  if (rc == mokSuccess) rc = check_tok_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
     rc = l->gpu->fwd_impl == mokImplMega ? mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
@@ -1261,8 +1271,8 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     rc = mok_error(l, mokInvalidUsage, "%s: %s resolves to %s, but the forward ran %s; the backward runs its "
                    "forward's implementation", fn, impl_name(impl), impl_name(resolve_impl(l, impl)),
                    impl_name(l->gpu->fwd_impl));
-  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, d_out, "d_out", T > 0);
-  if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
+  if (rc == mokSuccess) rc = check_tok_ptr(l, fn, d_out, "d_out", T > 0);
+  if (rc == mokSuccess) rc = check_tok_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_topk_w, "grads->d_topk_w", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_gate, "grads->d_w_gate", 1);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_up, "grads->d_w_up", 1);

@@ -441,6 +441,41 @@ MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {
   mokLocalCommsDestroy(1, &comm);
 }
 
+/* Token tensors must be 16-byte aligned: a misaligned out, x, d_out or d_x is refused with a
+ * message (each impl), and the layer works afterwards. */
+MOK_GPU_TEST(layer_refuses_misaligned_tokens_1gpu, 1) {
+  static const mokImpl_t impls[] = {mokImplBaseline, mokImplNccl, mokImplMega};
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  for (int ii = 0; ii < 3 && !t->failed; ii++) {
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xa1));
+    c->impl = impls[ii];
+    CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+    mokLayer_t l = c->layer[0];
+    mokRankInput_t in = c->din[0];
+    in.x = c->din[0].x + 1;
+    CHECK_STATUS(mokLayerForward(l, c->impl, &in, &c->dw[0], c->out_d[0], 0), mokInvalidArgument);
+    CHECK(strstr(mokGetLastError(), "input->x is not 16-byte aligned") != NULL);
+    CHECK_STATUS(mokLayerForward(l, c->impl, &c->din[0], &c->dw[0], c->out_d[0] + 1, 0), mokInvalidArgument);
+    CHECK(strstr(mokGetLastError(), "out is not 16-byte aligned") != NULL);
+    CHECK_OK(mokLayerForward(l, c->impl, &c->din[0], &c->dw[0], c->out_d[0], 0));
+    CHECK_STATUS(mokLayerBackward(l, c->impl, &c->din[0], &c->dw[0], c->dout_d[0] + 1, &c->dg[0], 0),
+                 mokInvalidArgument);
+    CHECK(strstr(mokGetLastError(), "d_out is not 16-byte aligned") != NULL);
+    mokRankGrads_t g = c->dg[0];
+    g.d_x = g.d_x + 4;
+    CHECK_STATUS(mokLayerBackward(l, c->impl, &c->din[0], &c->dw[0], c->dout_d[0], &g, 0), mokInvalidArgument);
+    CHECK(strstr(mokGetLastError(), "grads->d_x is not 16-byte aligned") != NULL);
+    CHECK_OK(mokLayerBackward(l, c->impl, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], 0));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    mokLocalRun(1, &comm, rank_free, c);
+    case_free(c);
+    free(c);
+  }
+  mokLocalCommsDestroy(1, &comm);
+}
+
 /* A bad expert id on rank 1 fails both ranks, writes no output; then the layer works. */
 typedef struct {
   gpu_case c;
