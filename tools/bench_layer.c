@@ -84,10 +84,13 @@ static mokResult_t rank_setup(mokComm_t comm, int r, void *arg) {
   void *p[12] = {0};
   size_t bytes[12] = {2 * T * H, 4 * T * k, 4 * T * k, 2 * El * I * H, 2 * El * I * H, 2 * El * H * I,
                       2 * Is * H, 2 * Is * H, 2 * H * Is, 2 * T * H, 2 * T * H, 0};
-  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage) */
+  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage), and
+   * so s_gate and s_up (mokImplMega then runs the shared expert as tiles of its launch) */
   for (int i = 0; i < 11; i++)
-    if (i != 4) CUDA_TRY(cudaMalloc(&p[i], i == 3 ? bytes[3] + bytes[4] : bytes[i] ? bytes[i] : 16));
+    if (i != 4 && i != 7)
+      CUDA_TRY(cudaMalloc(&p[i], (i == 3 || i == 6 ? bytes[i] + bytes[i + 1] : bytes[i]) + 16));
   p[4] = (char *)p[3] + bytes[3];
+  p[7] = (char *)p[6] + bytes[6];
   b->in[r] = (mokRankInput_t){(int)T, p[0], p[1], p[2]};
   b->w[r] = (mokRankWeights_t){p[3], p[4], p[5], Is ? p[6] : NULL, Is ? p[7] : NULL, Is ? p[8] : NULL};
   b->out[r] = p[9];
@@ -158,7 +161,8 @@ static mokResult_t rank_free(mokComm_t comm, int r, void *arg) {
   (void)comm;
   mokLayerDestroy(b->layer[r]);
   void *p[] = {(void *)b->in[r].x, (void *)b->in[r].topk_idx, (void *)b->in[r].topk_w, (void *)b->w[r].w_gate,
-               NULL /* w_up: in w_gate's block */, (void *)b->w[r].w_down, (void *)b->w[r].s_gate, (void *)b->w[r].s_up,
+               NULL /* w_up: in w_gate's block */, (void *)b->w[r].w_down, (void *)b->w[r].s_gate,
+               NULL /* s_up: in s_gate's */,
                (void *)b->w[r].s_down, b->out[r], b->dout[r], b->g[r].d_x, b->g[r].d_topk_w, b->g[r].d_w_gate,
                b->g[r].d_w_up, b->g[r].d_w_down, b->g[r].d_s_gate, b->g[r].d_s_up, b->g[r].d_s_down};
   for (size_t i = 0; i < sizeof p / sizeof p[0]; i++) cudaFree(p[i]);

@@ -50,20 +50,24 @@ static mokResult_t rank_fn(mokComm_t comm, int r, void *arg) {
   mokLayer_t layer = NULL;
   cudaStream_t st = NULL;
   cudaEvent_t e[3] = {0};
-  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage) */
-  for (int i = 0; i < 19; i++)
-    if (i != 4 && !(p[i] = up(i == 3 ? NULL : src[i], i == 3 ? sz[3] + sz[4] : sz[i]))) {
+  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage), and
+   * so s_gate and s_up (mokImplMega then runs the shared expert as tiles of its launch) */
+  for (int i = 0; i < 19; i++) {
+    const int block = i == 3 || i == 6;
+    if (i != 4 && i != 7 && !(p[i] = up(block ? NULL : src[i], block ? sz[i] + sz[i + 1] : sz[i]))) {
       snprintf(c->err, sizeof c->err, "rank %d: out of device memory", r);
       rc = mokOutOfMemory;
       goto done;
     }
-  p[4] = (char *)p[3] + sz[3];
-  if ((src[3] && sz[3] && cudaMemcpy(p[3], src[3], sz[3], cudaMemcpyHostToDevice) != cudaSuccess) ||
-      (src[4] && sz[4] && cudaMemcpy(p[4], src[4], sz[4], cudaMemcpyHostToDevice) != cudaSuccess)) {
-    snprintf(c->err, sizeof c->err, "rank %d: copy of the gate and up weights failed", r);
-    rc = mokCudaError;
-    goto done;
   }
+  p[4] = (char *)p[3] + sz[3];
+  p[7] = (char *)p[6] + sz[6];
+  for (int i = 3; i <= 7; i++) /* (the blocks' halves; w_down went up above) */
+    if (i != 5 && src[i] && sz[i] && cudaMemcpy(p[i], src[i], sz[i], cudaMemcpyHostToDevice) != cudaSuccess) {
+      snprintf(c->err, sizeof c->err, "rank %d: copy of the gate and up weights failed", r);
+      rc = mokCudaError;
+      goto done;
+    }
   mokRankInput_t in = {(int)T, p[0], p[1], p[2]};
   mokRankWeights_t w = {p[3], p[4], p[5], Is ? p[6] : NULL, Is ? p[7] : NULL, Is ? p[8] : NULL};
   mokRankGrads_t g = {p[11], p[12], p[13], p[14], p[15], Is ? p[16] : NULL, Is ? p[17] : NULL, Is ? p[18] : NULL};
@@ -101,7 +105,7 @@ done:
   if (st) cudaStreamDestroy(st);
   mokLayerDestroy(layer);
   for (int i = 0; i < 19; i++)
-    if (i != 4) cudaFree(p[i]);
+    if (i != 4 && i != 7) cudaFree(p[i]);
   return rc;
 }
 
