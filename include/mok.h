@@ -161,7 +161,10 @@ typedef struct mokRankWeights {
   const mokBf16 *s_down;    /* [H, I_s] */
 } mokRankWeights_t;
 
-/* Weight gradients are of the config's grad_dtype: mokBf16 or float elements. */
+/* Weight gradients are of the config's grad_dtype: mokBf16 or float elements. d_x and d_topk_w
+ * are always overwritten; the weight gradients too, or with accumulate = 1 (grad_dtype fp32
+ * only, else mokInvalidArgument) added to what the buffers hold: g = g + fp32(gradient), one
+ * fp32 add an element (Megatron-LM's main_grad, summed over micro-batches in place). */
 typedef struct mokRankGrads {
   mokBf16 *d_x;             /* [T_r, H] */
   float *d_topk_w;          /* [T_r, k] */
@@ -171,6 +174,7 @@ typedef struct mokRankGrads {
   void *d_s_gate;           /* [I_s, H]; ignored (may be NULL) when I_s == 0 */
   void *d_s_up;             /* [I_s, H] */
   void *d_s_down;           /* [H, I_s] */
+  int accumulate;           /* 0: weight gradients overwritten; 1: added (fp32 grad_dtype) */
 } mokRankGrads_t;
 
 /* ---- schedule (the row layout every implementation shares) ---------------------- */
@@ -469,9 +473,13 @@ mokResult_t mokLayerForward(mokLayer_t layer, mokImpl_t impl, const mokRankInput
                             const mokRankWeights_t *weights, mokBf16 *out, cudaStream_t stream);
 
 /* Collective. Backward of the last forward (same input and weights; DEVICE pointers):
- * writes every gradient of grads (weight gradients overwritten, in grad_dtype).
+ * writes every gradient of grads (weight gradients overwritten, or added where
+ * grads->accumulate, in grad_dtype).
  * The backward runs the implementation its forward ran (impl must resolve to the same one,
- * else mokInvalidUsage). [IN] d_out [T_r, H]  [OUT] grads */
+ * else mokInvalidUsage). mokImplMega's backward consumes its forward's saved rows (dY is
+ * written over y): a second backward needs the forward again (else mokInvalidUsage); the
+ * other implementations can run the backward of one forward again.
+ * [IN] d_out [T_r, H]  [OUT] grads */
 mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
                              const mokRankWeights_t *weights, const mokBf16 *d_out,
                              const mokRankGrads_t *grads, cudaStream_t stream);

@@ -111,6 +111,16 @@ mokResult_t mok_config_validate(const mokConfig_t *in, mokConfig_t *out) {
 }
 
 /* ---- layer --------------------------------------------------------------------- */
+mokResult_t mok_check_accumulate(struct mokLayer *l, const char *fn, int s, int accumulate) {
+  if (accumulate != 0 && accumulate != 1)
+    return mok_error(l, mokInvalidArgument, "%s: grads[%d].accumulate = %d, must be 0 or 1", fn, s < 0 ? 0 : s,
+                     accumulate);
+  if (accumulate && l->cfg.grad_dtype != mokDtypeFP32)
+    return mok_error(l, mokInvalidArgument, "%s: grads[%d].accumulate needs grad_dtype mokDtypeFP32 (bf16 gradients "
+                     "are overwritten, never summed in bf16)", fn, s < 0 ? 0 : s);
+  return mokSuccess;
+}
+
 mokResult_t mokLayerCreate(mokLayer_t *layer, const mokConfig_t *config) {
   mok_clear_error();
   if (!layer) return mok_error(NULL, mokInvalidArgument, "mokLayerCreate: layer is NULL");

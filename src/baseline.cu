@@ -496,12 +496,12 @@ static mokResult_t expert_gemm(mokLayer_t l, enum gkind kind, const mokRankWeigh
         gset(g, n, m, H, I, 2 * I, H, H);
         break;
       case G_DWD:
-        ta = 1, ct = gt;
+        ta = 1, ct = gt, beta = gr->accumulate ? 1.f : 0.f;
         A[n] = g->yp + r0 * H, B[n] = g->act + r0 * I, C[n] = (char *)gr->d_w_down + gs * ew;
         gset(g, n, H, I, m, H, I, I);
         break;
       case G_DWG: case G_DWU:
-        ta = 1, ct = gt;
+        ta = 1, ct = gt, beta = gr->accumulate ? 1.f : 0.f;
         A[n] = g->dgu + r0 * 2 * I + (kind == G_DWU) * I, B[n] = g->xg + r0 * H;
         C[n] = (char *)(kind == G_DWG ? gr->d_w_gate : gr->d_w_up) + gs * ew;
         gset(g, n, I, H, m, 2 * I, H, H);
@@ -1023,7 +1023,8 @@ static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const
   const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
   const float L = c->swiglu_limit;
   const cudaDataType gt = c->grad_dtype == mokDtypeBF16 ? BF : F32;
-  if (!Is) return mokSuccess;
+  const float gb = gr->accumulate ? 1.f : 0.f; /* (weight gradients added to the buffers) */
+  if (!Is || (!T && gr->accumulate)) return mokSuccess;
   if (!T) {
     MOK_CHECK(zero_grad(l, gr->d_s_gate, (int64_t)Is * H, st));
     MOK_CHECK(zero_grad(l, gr->d_s_up, (int64_t)Is * H, st));
@@ -1033,13 +1034,19 @@ static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
   CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, Is, H, dout, BF, H, w->s_down, BF, Is, g->s_f32, F32, Is, 0.f));
   k_swiglu_bwd<<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_f32, g->s_gu, T, Is, L, g->s_dgu);
-  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, H, Is, T, dout, BF, H, g->s_act, BF, Is, gr->d_s_down, gt, Is, 0.f));
-  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu, BF, 2 * Is, in->x, BF, H, gr->d_s_gate, gt, H, 0.f));
-  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu + Is, BF, 2 * Is, in->x, BF, H, gr->d_s_up, gt, H, 0.f));
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, H, Is, T, dout, BF, H, g->s_act, BF, Is, gr->d_s_down, gt, Is, gb));
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu, BF, 2 * Is, in->x, BF, H, gr->d_s_gate, gt, H, gb));
+  CUBLAS_CHECK(l, gemm_rm(cb, 1, 0, Is, H, T, g->s_dgu + Is, BF, 2 * Is, in->x, BF, H, gr->d_s_up, gt, H, gb));
   /* s_f32 now holds the shared dX (dA was consumed by the SwiGLU backward) */
   CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu, BF, 2 * Is, w->s_gate, BF, H, g->s_f32, F32, H, 0.f));
   CUBLAS_CHECK(l, gemm_rm(cb, 0, 0, T, H, Is, g->s_dgu + Is, BF, 2 * Is, w->s_up, BF, H, g->s_f32, F32, H, 1.f));
   return mokSuccess;
+}
+
+/* The weight gradients' dtype argument of mok's GEMMs: grad_dtype, and MOK_GEMM_ACCUMULATE
+ * where the caller asks them added to its buffers. */
+static mokDtype_t wgrad_dtype(mokLayer_t l, const mokRankGrads_t *gr) {
+  return (mokDtype_t)((int)l->cfg.grad_dtype | (gr->accumulate ? MOK_GEMM_ACCUMULATE : 0));
 }
 
 /* The routed experts' backward with mok's GEMMs on the padded rows (dY in yp): dgu, the dX
@@ -1057,9 +1064,9 @@ static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, 
   prof_mark(g, "dA+swiglu'", st);
   MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
   prof_mark(g, "dX", st);
-  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, c->grad_dtype, gr->d_w_down, st));
+  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, wgrad_dtype(l, gr), gr->d_w_down, st));
   prof_mark(g, "dWdown", st);
-  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, c->grad_dtype, gr->d_w_gate, gr->d_w_up, st));
+  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, wgrad_dtype(l, gr), gr->d_w_gate, gr->d_w_up, st));
   prof_mark(g, "dWgateup", st);
   return mokSuccess;
 }
@@ -1097,7 +1104,7 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
     sr.input_rows = T;
     sr.skip = g->d_bad;
     MOK_CHECK(mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down,
-                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, c->grad_dtype, gr->d_s_gate,
+                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate,
                                        gr->d_s_up, gr->d_s_down, st));
   } else {
     MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
@@ -1148,7 +1155,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
     MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
     prof_mark(g, "dA", st);
     if (rows) k_swiglu_bwd<<<grid_for(rows * I, 256), 256, 0, st>>>(g->f32, g->gu, rows, I, L, g->dgu);
-    for (int e = 0; e < El; e++) { /* gradients are overwritten: an expert with no rows gets zeros */
+    for (int e = 0; e < El && !gr->accumulate; e++) { /* overwritten: an expert with no rows gets zeros */
       if (g->seg_cnt[e]) continue;
       MOK_CHECK(zero_grad(l, (char *)gr->d_w_gate + gsz * (size_t)e * I * H, (int64_t)I * H, st));
       MOK_CHECK(zero_grad(l, (char *)gr->d_w_up + gsz * (size_t)e * I * H, (int64_t)I * H, st));
@@ -1264,6 +1271,7 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   mokResult_t rc = check_pass(l, fn, impl, in, w);
   const int T = in ? in->num_tokens : 0, Is = l ? l->cfg.shared_inter : 0;
   if (rc == mokSuccess && !gr) rc = mok_error(l, mokInvalidArgument, "%s: grads is NULL", fn);
+  if (rc == mokSuccess) rc = mok_check_accumulate(l, fn, -1, gr->accumulate);
   if (rc == mokSuccess && (!l->gpu->fwd_valid || l->gpu->fwd_tokens != T))
     rc = mok_error(l, mokInvalidUsage, "%s: no forward of these %d tokens precedes this backward (the layer keeps "
                    "the context of its last forward)", fn, T);
@@ -1297,6 +1305,9 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     rc = mega_backward_check(l, st);
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl == mokImplMega ? mega_backward(l, in, w, d_out, gr, st) : baseline_backward(l, in, w, d_out, gr, st);
+  /* mokImplMega's backward writes dY over the forward's y rows (d_topk_w reads them first):
+   * another backward needs the forward again */
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) l->gpu->fwd_valid = 0;
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
 }

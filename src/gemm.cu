@@ -965,10 +965,14 @@ extern "C" mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidd
 /* a_ext, b_ext: the rows that a_rows and b_rows hold */
 static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t *rows, int hidden, int inter,
                          const mokBf16 *a_rows, uint64_t a_ext, int m_w, int m_split, const mokBf16 *b_rows,
-                         uint64_t b_ext, int n_w, mokDtype_t dtype, void *out0, void *out1, cudaStream_t stream) {
+                         uint64_t b_ext, int n_w, mokDtype_t dtype_acc, void *out0, void *out1, cudaStream_t stream) {
+  const int accumulate = ((int)dtype_acc & MOK_GEMM_ACCUMULATE) != 0;
+  const mokDtype_t dtype = (mokDtype_t)((int)dtype_acc & ~MOK_GEMM_ACCUMULATE);
   if (dtype != mokDtypeBF16 && dtype != mokDtypeFP32)
     return mok_error(NULL, mokInvalidArgument, "%s: grad_dtype = %d, must be mokDtypeBF16 or mokDtypeFP32", fn,
                      (int)dtype);
+  if (accumulate && dtype != mokDtypeFP32)
+    return mok_error(NULL, mokInvalidArgument, "%s: MOK_GEMM_ACCUMULATE needs mokDtypeFP32 gradients", fn);
   mokGemmTileShape_t ts;
   MOK_CHECK(mok_gemm_tile_shape(kind, hidden, inter, &ts));
   GemmTileArgs a = base_args(rows);
@@ -980,6 +984,7 @@ static mokResult_t wgrad(const char *fn, mokGemmKind_t kind, const mokGemmRows_t
   a.m_w = m_w;
   a.m_split = m_split;
   a.out_fp32 = dtype == mokDtypeFP32;
+  a.accumulate = accumulate;
   const uint64_t E = (uint64_t)rows->num_experts;
   MOK_CHECK(make_map_t(&a.tm_out0, out0, a.out_fp32, (uint64_t)n_w, E * (uint64_t)m_split, 64, "weight gradient"));
   if (m_w > m_split)
@@ -1027,7 +1032,8 @@ extern "C" mokResult_t mok_gemm_shared_backward(const mokGemmRows_t *rows, int h
   if (rows->num_experts != 1 || !rows->input_rows)
     return mok_error(NULL, mokInvalidArgument, "%s: one expert of input_rows > 0 rows (here %d experts, %lld rows)",
                      fn, rows->num_experts, (long long)rows->input_rows);
-  if (grad_dtype != mokDtypeBF16 && grad_dtype != mokDtypeFP32)
+  const int gdt = (int)grad_dtype & ~MOK_GEMM_ACCUMULATE;
+  if (gdt != mokDtypeBF16 && gdt != mokDtypeFP32)
     return mok_error(NULL, mokInvalidArgument, "%s: grad_dtype = %d, must be mokDtypeBF16 or mokDtypeFP32", fn,
                      (int)grad_dtype);
   const void *p[] = {dy, x, s_gate, s_up, s_down, gu, act, dgu, dx, dw_gate, dw_up, dw_down};

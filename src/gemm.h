@@ -155,7 +155,10 @@ mokResult_t mok_gemm_gateup_dgrad(const mokGemmRows_t *rows, int hidden, int int
                                   const mokBf16 *w_gate, const mokBf16 *w_up, mokBf16 *dx,
                                   cudaStream_t stream);
 /* Backward: weight gradients of W_gate and W_up (one launch). dw_* are mokBf16 or float
- * per grad_dtype. */
+ * per grad_dtype; mokDtypeFP32 | MOK_GEMM_ACCUMULATE adds them to what dw_* hold (each
+ * tile's fp32 sums reach memory by a TMA reduce-add: one fp32 add an element, one writer,
+ * so bitwise g + (the overwritten result)) instead of overwriting it. */
+#define MOK_GEMM_ACCUMULATE 0x100
 mokResult_t mok_gemm_wgrad_gateup(const mokGemmRows_t *rows, int hidden, int inter, const mokBf16 *dgu,
                                   const mokBf16 *x, mokDtype_t grad_dtype, void *dw_gate, void *dw_up,
                                   cudaStream_t stream);

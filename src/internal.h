@@ -46,6 +46,8 @@ void mok_clear_error(void);
 
 /* Validates a user config; on success fills *out with defaults applied. */
 mokResult_t mok_config_validate(const mokConfig_t *in, mokConfig_t *out);
+/* grads->accumulate of rank s (fn: the caller's name): 0, or 1 with fp32 grad_dtype. */
+mokResult_t mok_check_accumulate(struct mokLayer *layer, const char *fn, int s, int accumulate);
 
 #define MOK_CHECK(call)                                                          \
   do {                                                                           \

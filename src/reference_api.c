@@ -145,8 +145,10 @@ static double **alloc_outs(widened *W, int N, const size_t *n, const int *want) 
 static void narrow_bf16(mokBf16 *dst, const double *src, size_t n) {
   for (size_t i = 0; i < n; i++) dst[i] = mok_f32_to_bf16((float)src[i]);
 }
-static void narrow_grad(void *dst, mokDtype_t dt, const double *src, size_t n) {
+/* acc: add the fp32-rounded gradient to what dst holds (fp32 only), as the GPU does */
+static void narrow_grad(void *dst, mokDtype_t dt, const double *src, size_t n, int acc) {
   if (dt == mokDtypeBF16) narrow_bf16((mokBf16 *)dst, src, n);
+  else if (acc) for (size_t i = 0; i < n; i++) ((float *)dst)[i] = ((float *)dst)[i] + (float)src[i];
   else for (size_t i = 0; i < n; i++) ((float *)dst)[i] = (float)src[i];
 }
 
@@ -277,6 +279,7 @@ mokResult_t mokReferenceBackward(mokLayer_t l, const mokRankInput_t *in, const m
     if (Is && (!gr[s].d_s_gate || !gr[s].d_s_up || !gr[s].d_s_down))
       return mok_error(l, mokInvalidArgument, "%s: grads[%d]: shared_inter is %d, so d_s_gate, d_s_up and d_s_down "
                        "must not be NULL", fn, s, Is);
+    MOK_CHECK(mok_check_accumulate(l, fn, s, gr[s].accumulate));
   }
   widened W;
   MOK_CHECK(widen(l, in, wt, &W));
@@ -314,13 +317,13 @@ mokResult_t mokReferenceBackward(mokLayer_t l, const mokRankInput_t *in, const m
     for (int s = 0; s < N; s++) {
       narrow_bf16(gr[s].d_x, dx[s], n_dx[s]);
       for (size_t q = 0; q < n_dw[s]; q++) gr[s].d_topk_w[q] = (float)dw[s][q];
-      narrow_grad(gr[s].d_w_gate, c->grad_dtype, dwg[s], n_wgu[s]);
-      narrow_grad(gr[s].d_w_up, c->grad_dtype, dwu[s], n_wgu[s]);
-      narrow_grad(gr[s].d_w_down, c->grad_dtype, dwd[s], n_wd[s]);
+      narrow_grad(gr[s].d_w_gate, c->grad_dtype, dwg[s], n_wgu[s], gr[s].accumulate);
+      narrow_grad(gr[s].d_w_up, c->grad_dtype, dwu[s], n_wgu[s], gr[s].accumulate);
+      narrow_grad(gr[s].d_w_down, c->grad_dtype, dwd[s], n_wd[s], gr[s].accumulate);
       if (Is) {
-        narrow_grad(gr[s].d_s_gate, c->grad_dtype, dsg[s], n_s[s]);
-        narrow_grad(gr[s].d_s_up, c->grad_dtype, dsu[s], n_s[s]);
-        narrow_grad(gr[s].d_s_down, c->grad_dtype, dsd[s], n_s[s]);
+        narrow_grad(gr[s].d_s_gate, c->grad_dtype, dsg[s], n_s[s], gr[s].accumulate);
+        narrow_grad(gr[s].d_s_up, c->grad_dtype, dsu[s], n_s[s], gr[s].accumulate);
+        narrow_grad(gr[s].d_s_down, c->grad_dtype, dsd[s], n_s[s], gr[s].accumulate);
       }
     }
   } else if (rc == mokOutOfMemory) {

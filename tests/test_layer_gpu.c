@@ -91,7 +91,7 @@ static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, 
     c->ref_out[s] = malloc(2 * th + 2);
     c->ref[s] = (mokRankGrads_t){malloc(2 * th + 2), malloc(4 * tk + 4), malloc(gsz(c) * wgu), malloc(gsz(c) * wgu),
                                  malloc(gsz(c) * wgu), Is ? malloc(gsz(c) * sgu) : NULL,
-                                 Is ? malloc(gsz(c) * sgu) : NULL, Is ? malloc(gsz(c) * sgu) : NULL};
+                                 Is ? malloc(gsz(c) * sgu) : NULL, Is ? malloc(gsz(c) * sgu) : NULL, 0};
   }
   int ok = mokReferenceForward(host, c->in, c->w, c->ref_out, NULL) == mokSuccess &&
            mokReferenceBackward(host, c->in, c->w, (const mokBf16 *const *)c->dout, c->ref) == mokSuccess;
@@ -150,7 +150,7 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   c->dg[s] = (mokRankGrads_t){to_dev(NULL, 2 * th), to_dev(NULL, 4 * tk), to_dev(NULL, gsz(c) * wgu),
                               to_dev(NULL, gsz(c) * wgu), to_dev(NULL, gsz(c) * wgu),
                               Is ? to_dev(NULL, gsz(c) * sgu) : NULL, Is ? to_dev(NULL, gsz(c) * sgu) : NULL,
-                              Is ? to_dev(NULL, gsz(c) * sgu) : NULL};
+                              Is ? to_dev(NULL, gsz(c) * sgu) : NULL, 0};
   /* poison outputs: every element must be written */
   cudaMemset(c->out_d[s], 0xff, 2 * th);
   cudaMemset(c->dg[s].d_x, 0xff, 2 * th);
@@ -437,6 +437,77 @@ MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {
     mokLocalRun(1, &comm, rank_free, c);
     case_free(c), case_free(c2);
     free(c), free(c2);
+  }
+  mokLocalCommsDestroy(1, &comm);
+}
+
+/* grads.accumulate = 1 (fp32 gradients): each impl adds its weight gradients to what the
+ * buffers hold: every weight gradient g0 + (the overwriting backward's result), bitwise
+ * where mok's GEMMs write it (a TMA reduce-add: one fp32 add an element), within 1e-6 where
+ * cuBLAS's beta = 1 does; d_x and d_topk_w overwritten as before. Experts with no rows keep
+ * g0. A bf16 layer refuses it. */
+MOK_GPU_TEST(layer_accumulates_weight_grads_1gpu, 1) {
+  static const mokImpl_t impls[] = {mokImplBaseline, mokImplNccl, mokImplMega};
+  static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                "d_s_down"};
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  for (int ii = 0; ii < 3 && !t->failed; ii++) {
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init(c, 1, RT_EMPTY_EXPERTS, 0.5f, mokDtypeFP32, test_seed() ^ (uint64_t)(0xacc + ii)));
+    c->impl = impls[ii];
+    CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+    char *once[9], *acc[9];
+    fetch_outputs(c, once);
+    void *ptr[9];
+    size_t bytes[9];
+    pass_outputs(c, ptr, bytes);
+    rng_t r = {test_seed() ^ 0x90};
+    float *g0[9] = {0};
+    for (int q = 3; q < 9; q++) { /* the weight gradients: random g0 */
+      g0[q] = malloc(bytes[q] + 4);
+      for (size_t i = 0; i < bytes[q] / 4; i++) g0[q][i] = (float)rng_sym(&r);
+      if (bytes[q]) cudaMemcpy(ptr[q], g0[q], bytes[q], cudaMemcpyHostToDevice);
+    }
+    cudaMemset(ptr[1], 0xff, bytes[1]), cudaMemset(ptr[2], 0xff, bytes[2]);
+    mokRankGrads_t g = c->dg[0];
+    g.accumulate = 1;
+    /* (the forward again: mokImplMega's backward consumed its saved rows) */
+    CHECK_OK(mokLayerForward(c->layer[0], c->impl, &c->din[0], &c->dw[0], c->out_d[0], 0));
+    CHECK_OK(mokLayerBackward(c->layer[0], c->impl, &c->din[0], &c->dw[0], c->dout_d[0], &g, 0));
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    fetch_outputs(c, acc);
+    for (int q = 1; q < 3; q++)
+      CHECK_MSG(!memcmp(once[q], acc[q], bytes[q]), "impl %d: %s differs with accumulate", (int)c->impl, names[q]);
+    for (int q = 3; q < 9; q++) {
+      double num = 0, den = 0;
+      size_t exact = 0, n = bytes[q] / 4;
+      for (size_t i = 0; i < n; i++) {
+        const float want = g0[q][i] + ((float *)once[q])[i], got = ((float *)acc[q])[i];
+        exact += got == want;
+        num += ((double)got - want) * ((double)got - want), den += (double)want * want;
+      }
+      const int mok_gemm = c->impl != mokImplBaseline && q < 6; /* (routed: mok's GEMMs) */
+      CHECK_MSG(mok_gemm ? exact == n : (den ? sqrt(num / den) : sqrt(num)) < 1e-6, "impl %d: %s is not g0 + g (%zu "
+                "of %zu elements exact)", (int)c->impl, names[q], exact, n);
+    }
+    for (int q = 0; q < 9; q++) free(once[q]), free(acc[q]), free(g0[q]);
+    mokLocalRun(1, &comm, rank_free, c);
+    case_free(c);
+    free(c);
+  }
+  if (!t->failed) { /* bf16 gradients: refused, nothing written */
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xacd));
+    c->impl = mokImplNccl;
+    CHECK_MSG(mokLocalRun(1, &comm, rank_run, c) == mokSuccess, "%s", mokGetLastError());
+    mokRankGrads_t g = c->dg[0];
+    g.accumulate = 1;
+    CHECK_STATUS(mokLayerBackward(c->layer[0], c->impl, &c->din[0], &c->dw[0], c->dout_d[0], &g, 0), mokInvalidArgument);
+    CHECK(strstr(mokGetLastError(), "needs grad_dtype mokDtypeFP32") != NULL);
+    mokLocalRun(1, &comm, rank_free, c);
+    case_free(c);
+    free(c);
   }
   mokLocalCommsDestroy(1, &comm);
 }

@@ -325,7 +325,7 @@ static int bf16_init(bf16_case *b, prob *p, mokDtype_t gdt) {
     b->out[s] = malloc(2 * th + 2);
     b->g[s] = (mokRankGrads_t){malloc(2 * th + 2), malloc(4 * tk + 4), malloc(b->gsz * wgu), malloc(b->gsz * wgu),
                                malloc(b->gsz * wgu), malloc(b->gsz * sgu + 4), malloc(b->gsz * sgu + 4),
-                               malloc(b->gsz * sgu + 4)};
+                               malloc(b->gsz * sgu + 4), 0};
   }
   return 1;
 }
@@ -474,6 +474,60 @@ MOK_TEST(reference_empty_expert_gradients_are_zero_and_trace) {
   }
   free(rows);
   bf16_free(&b);
+  prob_free(&p);
+}
+
+/* grads.accumulate = 1 (fp32): every weight gradient is g0 + fp32(gradient), bitwise, where
+ * g0 is what the buffers held; d_x and d_topk_w are overwritten as without it. bf16 grads
+ * and values other than 0 / 1 are refused. */
+MOK_TEST(reference_accumulates_weight_gradients) {
+  rng_t r = {test_seed() ^ 0xacc};
+  prob p;
+  int T[2] = {9, 7};
+  prob_init(&p, &r, 2, 4, 64, 64, 64, 2, T, R_EMPTY_EXPERTS, 0.0f);
+  bf16_case b;
+  CHECK(bf16_init(&b, &p, mokDtypeFP32));
+  const size_t wgu = (size_t)p.El * p.I * p.H, sgu = (size_t)p.cfg.shared_inter * p.H;
+  CHECK_OK(mokReferenceBackward(b.layer, b.in, b.w, (const mokBf16 *const *)b.dout, b.g));
+  float *want[2][6], *g0[2][6];
+  mokBf16 *dx0[2];
+  for (int s = 0; s < 2; s++) {
+    void *ptr[6] = {b.g[s].d_w_gate, b.g[s].d_w_up, b.g[s].d_w_down, b.g[s].d_s_gate, b.g[s].d_s_up, b.g[s].d_s_down};
+    for (int q = 0; q < 6; q++) {
+      const size_t n = q < 3 ? wgu : sgu;
+      want[s][q] = malloc(4 * n + 4), g0[s][q] = malloc(4 * n + 4);
+      for (size_t i = 0; i < n; i++) {
+        g0[s][q][i] = (float)rng_sym(&r);
+        want[s][q][i] = g0[s][q][i] + ((float *)ptr[q])[i];
+      }
+      if (ptr[q]) memcpy(ptr[q], g0[s][q], 4 * n);
+    }
+    dx0[s] = malloc(2 * (size_t)T[s] * p.H + 2);
+    memcpy(dx0[s], b.g[s].d_x, 2 * (size_t)T[s] * p.H);
+    memset(b.g[s].d_x, 0xff, 2 * (size_t)T[s] * p.H);
+    b.g[s].accumulate = 1;
+  }
+  CHECK_OK(mokReferenceBackward(b.layer, b.in, b.w, (const mokBf16 *const *)b.dout, b.g));
+  for (int s = 0; s < 2; s++) {
+    void *ptr[6] = {b.g[s].d_w_gate, b.g[s].d_w_up, b.g[s].d_w_down, b.g[s].d_s_gate, b.g[s].d_s_up, b.g[s].d_s_down};
+    for (int q = 0; q < 6; q++)
+      if (ptr[q]) CHECK_MSG(!memcmp(ptr[q], want[s][q], 4 * (q < 3 ? wgu : sgu)), "rank %d, gradient %d: not g0 + g", s, q);
+    CHECK_MSG(!memcmp(b.g[s].d_x, dx0[s], 2 * (size_t)T[s] * p.H), "rank %d: d_x not overwritten as before", s);
+  }
+  b.g[1].accumulate = 2;
+  CHECK_STATUS(mokReferenceBackward(b.layer, b.in, b.w, (const mokBf16 *const *)b.dout, b.g), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "grads[1].accumulate = 2") != NULL);
+  for (int s = 0; s < 2; s++) {
+    for (int q = 0; q < 6; q++) free(want[s][q]), free(g0[s][q]);
+    free(dx0[s]);
+  }
+  bf16_free(&b);
+  bf16_case c;
+  CHECK(bf16_init(&c, &p, mokDtypeBF16));
+  c.g[0].accumulate = 1;
+  CHECK_STATUS(mokReferenceBackward(c.layer, c.in, c.w, (const mokBf16 *const *)c.dout, c.g), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "needs grad_dtype mokDtypeFP32") != NULL);
+  bf16_free(&c);
   prob_free(&p);
 }
 

@@ -100,7 +100,8 @@ static mokResult_t rank_setup(mokComm_t comm, int r, void *arg) {
   size_t gb[8] = {2 * T * H, 4 * T * k, gs * El * I * H, gs * El * I * H, gs * El * H * I, gs * Is * H, gs * Is * H,
                   gs * H * Is};
   for (int i = 0; i < 8; i++) CUDA_TRY(cudaMalloc(&q[i], gb[i] ? gb[i] : 16));
-  b->g[r] = (mokRankGrads_t){q[0], q[1], q[2], q[3], q[4], Is ? q[5] : NULL, Is ? q[6] : NULL, Is ? q[7] : NULL};
+  b->g[r] = (mokRankGrads_t){q[0], q[1], q[2], q[3], q[4], Is ? q[5] : NULL, Is ? q[6] : NULL, Is ? q[7] : NULL,
+                             0};
   /* data: the same generator as mokGenerateRankData, on the device */
   TRY(mokGenerateBf16Device(b->seed, mokTensorX, r, 0, T * H, 1.0f, p[0], NULL));
   TRY(mokGenerateBf16Device(b->seed, mokTensorDOut, r, 0, T * H, 1.0f, p[10], NULL));
@@ -253,7 +254,7 @@ static void *check_token(void *arg) {
     for (int q = 0; q < k; q++) wt[q] = b->h_w[r][(size_t)t * k + q];
     mokRankInput_t in = {1, x, lidx, wt};
     mokRankWeights_t w = {wg, wu, wd, sg, su, sd};
-    mokRankGrads_t g = {ref_dx, ref_dw, dwg, dwu, dwd, dsg, dsu, dsd};
+    mokRankGrads_t g = {ref_dx, ref_dw, dwg, dwu, dwd, dsg, dsu, dsd, 0};
     mokBf16 *outs[1] = {ref_out};
     const mokBf16 *douts[1] = {dout};
     ok = mokReferenceForward(l, &in, &w, outs, NULL) == mokSuccess &&

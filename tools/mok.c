@@ -339,7 +339,7 @@ static int cmd_run(int argc, char **argv) {
     dout[r] = d;
     g[r] = (mokRankGrads_t){malloc(2 * th + 2), malloc(4 * tk + 4), malloc(gsz * wgu), malloc(gsz * wgu),
                             malloc(gsz * wgu), Is ? malloc(gsz * sgu) : NULL, Is ? malloc(gsz * sgu) : NULL,
-                            Is ? malloc(gsz * sgu) : NULL};
+                            Is ? malloc(gsz * sgu) : NULL, 0};
     if (!x || !d || !o || !idx || !tw || !wg || !wu || !wd || (Is && (!sg || !su || !sd)) || !g[r].d_x ||
         !g[r].d_topk_w || !g[r].d_w_gate || !g[r].d_w_up || !g[r].d_w_down ||
         (Is && (!g[r].d_s_gate || !g[r].d_s_up || !g[r].d_s_down)))

@@ -70,7 +70,8 @@ static mokResult_t rank_fn(mokComm_t comm, int r, void *arg) {
     }
   mokRankInput_t in = {(int)T, p[0], p[1], p[2]};
   mokRankWeights_t w = {p[3], p[4], p[5], Is ? p[6] : NULL, Is ? p[7] : NULL, Is ? p[8] : NULL};
-  mokRankGrads_t g = {p[11], p[12], p[13], p[14], p[15], Is ? p[16] : NULL, Is ? p[17] : NULL, Is ? p[18] : NULL};
+  mokRankGrads_t g = {p[11], p[12], p[13], p[14], p[15], Is ? p[16] : NULL, Is ? p[17] : NULL, Is ? p[18] : NULL,
+                      0};
   rc = mokLayerCreateOnComm(&layer, cfg, comm);
   if (rc != mokSuccess) {
     snprintf(c->err, sizeof c->err, "%s", mokGetLastError());

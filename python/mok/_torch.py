@@ -84,6 +84,19 @@ def _check_weights(layer, fused, weights, device):
         _want(t, n, s, bf, device)
 
 
+def _main_grad(p, device):
+    """p.main_grad, made as fp32 zeros on first use; checked: fp32, p's shape, contiguous, on the
+    layer's device (the backward adds into it in place)."""
+    g = getattr(p, "main_grad", None)
+    if g is None:
+        g = p.main_grad = torch.zeros(p.shape, dtype=torch.float32, device=device)
+    if g.dtype != torch.float32 or tuple(g.shape) != tuple(p.shape) or not g.is_contiguous() or g.device != device:
+        raise ValueError("mok: main_grad of a weight must be a contiguous float32 tensor of its shape on %s, got %s %s%s "
+                         "on %s" % (device, g.dtype, tuple(g.shape), "" if g.is_contiguous() else " (not contiguous)",
+                                    g.device))
+    return g
+
+
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
     def forward(ctx, layer, impl, fused, main_grad, x, topk_idx, topk_w, *weights):
@@ -132,18 +145,16 @@ class _MoEFunction(torch.autograd.Function):
         gdt = torch.float32 if c.grad_dtype == "fp32" else torch.bfloat16
         d_x = torch.empty_like(x)
         d_w = torch.empty((T, c.topk), dtype=torch.float32, device=device)
-        grads = [torch.empty(t.shape, dtype=gdt, device=device) if t is not None else None for t in weights]
+        if ctx.main_grad is not None:
+            # fp32 weight gradients summed in place into param.main_grad (made as zeros on first
+            # use): the library adds each tile's sums to it (grads.accumulate), no temporary
+            grads = [_main_grad(p, device) if p is not None else None for p in ctx.main_grad]
+        else:
+            grads = [torch.empty(t.shape, dtype=gdt, device=device) if t is not None else None for t in weights]
         gptrs = tuple(_ptr(t) for t in _split(layer, fused, grads))
         layer.backward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(d_out), (_ptr(d_x), _ptr(d_w)) + gptrs,
-                           stream)
-        if ctx.main_grad is not None:  # fp32 weight gradients summed into param.main_grad
-            for p, g in zip(ctx.main_grad, grads):
-                if p is None:
-                    continue
-                if getattr(p, "main_grad", None) is None:
-                    p.main_grad = g
-                else:
-                    p.main_grad.add_(g)
+                           stream, accumulate=ctx.main_grad is not None)
+        if ctx.main_grad is not None:
             grads = [None] * len(grads)
         return (None, None, None, None, d_x, None, d_w.to(ctx.w_dtype)) + tuple(grads)
 

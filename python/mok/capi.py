@@ -57,7 +57,7 @@ class _RankWeights(ctypes.Structure):  # mokRankWeights_t
 
 class _RankGrads(ctypes.Structure):  # mokRankGrads_t
     _fields_ = [(n, ctypes.c_void_p) for n in ("d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate",
-                                               "d_s_up", "d_s_down")]
+                                               "d_s_up", "d_s_down")] + [("accumulate", ctypes.c_int)]
 
 
 _lib = None
@@ -347,14 +347,17 @@ class Layer:
                                           out, stream))
         self.generation += 1
 
-    def backward_raw(self, impl, num_tokens, x, topk_idx, topk_w, weights, d_out, grads, stream):
+    def backward_raw(self, impl, num_tokens, x, topk_idx, topk_w, weights, d_out, grads, stream, accumulate=False):
         """mokLayerBackward on device pointers. grads: (d_x, d_topk_w, d_w_gate, d_w_up, d_w_down,
-        d_s_gate, d_s_up, d_s_down)."""
+        d_s_gate, d_s_up, d_s_down). accumulate: add the weight gradients to what their buffers
+        hold (fp32 grad_dtype) instead of overwriting them."""
         inp = _RankInput(num_tokens, x, topk_idx, topk_w)
         w = _RankWeights(*weights)
-        g = _RankGrads(*grads)
+        g = _RankGrads(*grads, int(bool(accumulate)))
         self._err(_load().mokLayerBackward(self.handle, self._impl(impl), ctypes.byref(inp), ctypes.byref(w), d_out,
                                            ctypes.byref(g), stream))
+        if impl == "mega":  # its backward consumed the forward's saved rows: another needs it again
+            self.generation += 1
 
     def close(self):
         """Collective. Frees the layer's device workspace (waits for its device)."""

@@ -157,6 +157,7 @@ struct GemmTileArgs {
   int m_split;    /* wgrad: rows [0, m_split) go to out0, the rest to out1 */
   float limit;    /* SwiGLU clamp, 0 = off */
   int out_fp32;   /* wgrad output dtype */
+  int accumulate; /* wgrad, fp32: add to the output (TMA reduce-add) instead of storing */
   int save_gu;    /* gate+up fwd: store g and u (tm_out1) */
   /* standalone kernel only (a megakernel schedules tiles itself): */
   int *sched;     /* [3] next-tile counter, finished-CTA count, next-tile counter of the
@@ -708,11 +709,12 @@ __device__ __forceinline__ uint32_t epi_acquire(char *smem, const EpiState &st, 
 }
 /* Hands the written chunk to the async proxy and stores it at (c0, c1) of `map`. */
 __device__ __forceinline__ void epi_publish(EpiState &st, int wg, const CUtensorMap *map, uint32_t chunk, int c0,
-                                            int c1) {
+                                            int c1, bool add = false) {
   fence_proxy_async_shared();
   wg_sync(wg);
   if ((threadIdx.x & 127) == 0) {
-    tma_store_2d(map, chunk, c0, c1);
+    if (add) tma_reduce_add_2d(map, chunk, c0, c1); /* (weight gradients summed in place) */
+    else tma_store_2d(map, chunk, c0, c1);
     bulk_commit_group();
   }
   st.buf ^= 1;
@@ -876,7 +878,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
         if (col >= a.n_out) break;
         const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
         stage_f32(ch, acc, 4 * cc);
-        epi_publish(st, wg, map, ch, col, orow);
+        epi_publish(st, wg, map, ch, col, orow, a.accumulate != 0);
       }
     } else {
       store_bf16_tile<KIND, BN, NC>(a, smem, st, wg, map, n0, orow, acc);

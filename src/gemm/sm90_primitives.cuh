@@ -237,6 +237,14 @@ __device__ __forceinline__ void tma_store_2d(const CUtensorMap *map, uint32_t sr
                "r"(src), "r"(c0), "r"(c1)
                : "memory");
 }
+/* The same box added element-wise to what global memory holds (fp32 maps: one fp32 add an
+ * element, performed at L2; one writer an element keeps it deterministic). */
+__device__ __forceinline__ void tma_reduce_add_2d(const CUtensorMap *map, uint32_t src, int c0, int c1) {
+  asm volatile("cp.reduce.async.bulk.tensor.2d.global.shared::cta.add.tile.bulk_group [%0, {%2, %3}], [%1];" ::"l"(
+                   (uint64_t)map),
+               "r"(src), "r"(c0), "r"(c1)
+               : "memory");
+}
 __device__ __forceinline__ void bulk_commit_group() { asm volatile("cp.async.bulk.commit_group;" ::: "memory"); }
 /* Waits until at most N of this thread's committed bulk groups still read shared memory. */
 template <int N>
