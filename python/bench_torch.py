@@ -2,7 +2,7 @@
 
     python3 python/bench_torch.py [--models qwen3.5-397b-a17b,glm-5.2] [--tokens 2048,8192]
                                   [--impls mega,auto] [--routing uniform|zipf:1.2] [--iters 20]
-                                  [--json FILE]
+                                  [--grad-dtype bf16|fp32] [--json FILE]
 
 Every local expert on this GPU (EP1). Times are the median of --iters CUDA-event timings of
 forward and of forward+backward (d_x, d_topk_w and every weight gradient), after warm-up.
@@ -10,6 +10,10 @@ forward and of forward+backward (d_x, d_topk_w and every weight gradient), after
 torch._grouped_mm for gate, up and down (no host sync), SwiGLU, the router weight, an fp32
 index_add combine and the shared expert by matmuls, differentiated by autograd; it runs on
 the same weights, and its output is compared with mok's (rel L2, printed).
+--grad-dtype fp32: the weight gradients summed in fp32 into each parameter's main_grad over
+the timed calls (micro-batches, as Megatron-LM keeps them): mok adds them in place
+(grad_dtype="fp32"); the plain-PyTorch layer's bf16 .grad is added by main_grad.add_ after
+each backward (Megatron-LM without its fused accumulation).
 """
 
 import argparse
@@ -83,18 +87,20 @@ def main():
     ap.add_argument("--iters", type=int, default=20)
     ap.add_argument("--json", default=None)
     ap.add_argument("--no-torch", action="store_true", help="skip the plain-PyTorch layer")
+    ap.add_argument("--grad-dtype", default="bf16", choices=("bf16", "fp32"),
+                    help="fp32: weight gradients summed into main_grad (see above)")
     a = ap.parse_args()
     dev = torch.device("cuda", torch.cuda.current_device())
     rows = []
-    print("mok %d, torch %s, %s, routing %s, median of %d" % (mok.version(), torch.__version__,
-                                                            torch.cuda.get_device_name(dev), a.routing, a.iters))
+    print("mok %d, torch %s, %s, routing %s, weight gradients %s, median of %d" % (
+        mok.version(), torch.__version__, torch.cuda.get_device_name(dev), a.routing, a.grad_dtype, a.iters))
     for model in a.models.split(","):
         tokens = [int(t) for t in a.tokens.split(",")]
         comm = mok.Comm(dev.index)
         impls = a.impls.split(",")
         mods = {}
         for impl in impls:
-            m = mok.MoE(model, max_tokens=max(tokens), comm=comm, impl=impl, init_std=0.02)
+            m = mok.MoE(model, max_tokens=max(tokens), comm=comm, impl=impl, init_std=0.02, grad_dtype=a.grad_dtype)
             if mods:  # one set of weights for every impl: share the first module's parameters
                 first = next(iter(mods.values()))
                 m.w_gate_up, m.w_down, m.s_gate_up, m.s_down = first.w_gate_up, first.w_down, first.s_gate_up, first.s_down
@@ -116,7 +122,7 @@ def main():
 
                 def fwdbwd(m=m):
                     for p in m.parameters():
-                        p.grad = None
+                        p.grad = None  # (fp32: main_grad keeps summing, as over micro-batches)
                     m(xg, idx, wg).backward(d)
 
                 out = fwd()
@@ -133,6 +139,11 @@ def main():
                     for q in base.parameters():
                         q.grad = None
                     torch_moe(xg, idx, wg, *p).backward(d)
+                    if a.grad_dtype == "fp32":  # Megatron-LM's unfused accumulation: main_grad += grad
+                        for q in base.parameters():
+                            if getattr(q, "torch_main_grad", None) is None:
+                                q.torch_main_grad = torch.zeros(q.shape, dtype=torch.float32, device=dev)
+                            q.torch_main_grad.add_(q.grad)
 
                 try:
                     out = tfwd()
@@ -142,7 +153,7 @@ def main():
             for name, (f, fb, out) in res.items():
                 err = ((out.double() - ref_out.double()).norm() / ref_out.double().norm()).item()
                 rows.append(dict(model=model, tokens=T, impl=name, fwd_ms=f, fwd_bwd_ms=fb, rel_l2_vs_first=err,
-                                 routing=a.routing))
+                                 routing=a.routing, grad_dtype=a.grad_dtype))
             torch.cuda.empty_cache()
         for m in mods.values():
             m.layer.close()
