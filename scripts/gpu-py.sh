@@ -2,7 +2,8 @@
 # gpu-py.sh — the PyTorch binding on the device: build, its tests (python/tests/test_mok.py;
 # PYTESTS picks some), the C suite (TESTS; " " = all of it, "" = none), then
 # python/bench_torch.py: mok.MoE (IMPLS) beside the layer in plain PyTorch on the same weights
-# (MODELS, TOKENS, ROUTING: "" skips it). Log in $OUT/log, JSON in $OUT/torch-*.json.
+# (MODELS, TOKENS, ROUTING: "" skips it; GRAD_DTYPE bf16 or fp32). Log in $OUT/log, JSON in
+# $OUT/torch-*.json.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/mok-out}; mkdir -p "$OUT"
@@ -22,6 +23,7 @@ IMPLS=${IMPLS:-mega,auto}
   for r in ${ROUTING-uniform}; do
     echo "== bench_torch.py routing $r"
     MOK_LIBRARY=$PWD/build/libmok.so timeout "${BENCH_S:-240}" python3 python/bench_torch.py --models "$MODELS" \
-      --tokens "$TOKENS" --impls "$IMPLS" --routing "$r" --iters "${ITERS:-10}" --json "$OUT/torch-${r/:/}.json" 2>&1 | tail -20
+      --tokens "$TOKENS" --impls "$IMPLS" --routing "$r" --iters "${ITERS:-10}" --grad-dtype "${GRAD_DTYPE:-bf16}" \
+      --json "$OUT/torch-${r/:/}-${GRAD_DTYPE:-bf16}.json" 2>&1 | tail -20
   done
 } 2>&1 | tee "$OUT/log"
