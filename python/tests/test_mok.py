@@ -45,6 +45,18 @@ def torch_gpu():
     return torch
 
 
+def mega_ok(torch):
+    return torch.cuda.get_device_capability() == (9, 0)
+
+
+def torch_mega():
+    """torch, on a GPU that runs impl "mega" (sm_90); else Skip."""
+    torch = torch_gpu()
+    if not mega_ok(torch):
+        raise Skip("mokImplMega needs sm_90")
+    return torch
+
+
 def raises(exc, fn, *words):
     try:
         fn()
@@ -254,9 +266,7 @@ def moe_matches_reference_auto():
 
 @test
 def moe_matches_reference_mega():
-    torch = torch_gpu()
-    if torch.cuda.get_device_capability() != (9, 0):
-        raise Skip("mokImplMega needs sm_90")
+    torch = torch_mega()
     check_cases(torch, "mega", 5)
 
 
@@ -270,7 +280,7 @@ def fp32_main_grad_accumulates():
     """grad_dtype "fp32": weight gradients go into param.main_grad (fp32), .grad stays None; a
     second backward adds to them; each against the reference."""
     torch = torch_gpu()
-    for impl in ("auto", "mega", "baseline"):
+    for impl in ("auto", "mega", "baseline") if mega_ok(torch) else ("auto", "baseline"):
         m, gen = small_layer(torch, impl, seed=18, grad_dtype="fp32")
         a, b = inputs(torch, m, 140, gen), inputs(torch, m, 60, gen)
         m(a[0], a[1], a[2]).backward(a[3])
@@ -299,7 +309,7 @@ def backward_twice_with_retain_graph():
     every impl (mokImplMega's backward consumes the forward's saved rows: the binding runs that
     forward again first)."""
     torch = torch_gpu()
-    for impl in ("auto", "mega"):
+    for impl in ("auto", "mega") if mega_ok(torch) else ("auto",):
         m, gen = small_layer(torch, impl, seed=21)
         x, idx, w, d = inputs(torch, m, 90, gen)
         xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
@@ -444,9 +454,7 @@ def bad_inputs_are_refused():
 def mega_bad_expert_id_reported_on_device():
     """mokImplMega finds a bad expert id on the device: the forward returns, the comm's async
     error says mokDeviceError; the backward returns too (no host wait: it writes nothing)."""
-    torch = torch_gpu()
-    if torch.cuda.get_device_capability() != (9, 0):
-        raise Skip("mokImplMega needs sm_90")
+    torch = torch_mega()
     m, gen = small_layer(torch, "mega", seed=16)
     x, idx, w, d = inputs(torch, m, 64, gen)
     bad = idx.clone()
@@ -486,11 +494,9 @@ def comm_over_process_group():
 @test
 def mega_forward_in_cuda_graph():
     """mokImplMega's forward has no host wait, so it can be captured in a CUDA graph (the
-    schedule, the shared expert on cuBLAS, the megakernel, the combine) and replayed on new
+    schedule, the megakernel with the shared expert's tiles, the combine) and replayed on new
     inputs written into the captured tensors."""
-    torch = torch_gpu()
-    if torch.cuda.get_device_capability() != (9, 0):
-        raise Skip("mokImplMega needs sm_90")
+    torch = torch_mega()
     m, gen = small_layer(torch, "mega", seed=17)
     x, idx, w, _ = inputs(torch, m, 100, gen)
     x2, idx2, w2, _ = inputs(torch, m, 100, gen)
@@ -522,9 +528,7 @@ def mega_training_step_in_cuda_graph():
     """With the shared expert in the launch neither of mokImplMega's passes waits on the host:
     a forward and its backward are captured in one CUDA graph, and replays give the eager
     output and gradients bitwise, on the captured data and on new data copied into it."""
-    torch = torch_gpu()
-    if torch.cuda.get_device_capability() != (9, 0):
-        raise Skip("mokImplMega needs sm_90")
+    torch = torch_mega()
     m, gen = small_layer(torch, "mega", seed=18)
     x, idx, w, d = inputs(torch, m, 100, gen)
     x2, idx2, w2, d2 = inputs(torch, m, 100, gen)
