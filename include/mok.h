@@ -437,8 +437,9 @@ typedef enum mokImpl {
                           launch per GEMM kind over every expert, SwiGLU and its backward
                           fused into the epilogues); sm_90 only (mokNotSupported elsewhere) */
   mokImplMega = 3      /* the forward megakernel (first step, docs/MEGAKERNEL.md): the schedule
-                          on the device, then dispatch, gate+up (SwiGLU), down and combine in
-                          one persistent launch; no host wait in the forward. So far: one GPU
+                          on the device, then dispatch, gate+up (SwiGLU) and down in one
+                          persistent launch, then the combine (a launch of its own so far);
+                          no host wait in the forward. So far: one GPU
                           (num_ranks 1), sm_90, inter % 128 == 0, hidden % 256 == 0, w_up right
                           after w_gate (else mokNotSupported). The shared expert runs as tiles of
                           the launch where shared_inter == inter and s_up lies right after s_gate
