@@ -469,7 +469,11 @@ mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, m
  * waits on the host for the routing counts). The layer keeps what the backward needs:
  * call mokLayerBackward with the same input and weights before the next forward.
  * A bad expert id in topk_idx is reported as mokInvalidArgument before anything is
- * written. [IN] input, weights  [OUT] out [T_r, H] */
+ * written. Streams: a layer's passes use its workspace, so run them in one stream order.
+ * mok's launches take their tile counters from per-device rings of slots in launch order,
+ * and a CUDA graph replays the slots it captured: do not run a replayed graph at the same
+ * time as other mok launches on another stream of the device.
+ * [IN] input, weights  [OUT] out [T_r, H] */
 mokResult_t mokLayerForward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
                             const mokRankWeights_t *weights, mokBf16 *out, cudaStream_t stream);
 
