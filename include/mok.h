@@ -457,9 +457,22 @@ typedef enum mokImpl {
 } mokImpl_t;
 
 /* Collective over comm's ranks. A layer whose passes run on GPUs: checks that every rank
- * passed the same config (num_ranks must equal the comm's rank count) and allocates the
- * device workspace for T_max tokens (on the comm's device). Destroy with mokLayerDestroy
- * (every rank; it waits for the device).
+ * passed the same config (num_ranks must equal the comm's rank count) and allocates its
+ * index arrays (on the comm's device; a few MiB). Destroy with mokLayerDestroy (every
+ * rank; it waits for the device).
+ * Device memory: the row buffers are sized by the rows the passes really have, not the
+ * worst case of the config (N * T_max * k rows), and grow when a pass needs more (in stream
+ * order on the pass's stream, from the device's default memory pool, a quarter of headroom;
+ * never shrinking before destroy):
+ *   - the layer's own block: what its backward reads (X, [g|u], a and y of the routed rows,
+ *     the shared expert's [g|u] and a), kept from a forward to the next;
+ *   - one scratch block of the communicator, shared by all its layers: what a pass uses and
+ *     drops (send / receive rows, fp32 partials, [dG|dU]). Passes of layers of one comm are
+ *     ordered through it: a pass on another stream than the last one waits for it (an
+ *     event), so two layers of one comm never overlap, whatever their streams.
+ * At EP8 with balanced routing that is about 1/N of the old worst-case workspace
+ * (docs/MEGAKERNEL.md, "Device memory per layer"). A block cannot grow while the stream
+ * captures a CUDA graph (mokInvalidUsage): run one pass of that size first, or mokLayerReserve.
  * [OUT] layer  [IN] config (copied)  [IN] comm (must outlive the layer) */
 mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, mokComm_t comm);
 
@@ -469,7 +482,7 @@ mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, m
  * waits on the host for the routing counts). The layer keeps what the backward needs:
  * call mokLayerBackward with the same input and weights before the next forward.
  * A bad expert id in topk_idx is reported as mokInvalidArgument before anything is
- * written. Streams: a layer's passes use its workspace, so run them in one stream order.
+ * written. Streams: a layer's passes use its saved block, so run them in one stream order.
  * mok's launches take their tile counters from per-device rings of slots in launch order,
  * and a CUDA graph replays the slots it captured: do not run a replayed graph at the same
  * time as other mok launches on another stream of the device.
@@ -488,6 +501,20 @@ mokResult_t mokLayerForward(mokLayer_t layer, mokImpl_t impl, const mokRankInput
 mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInput_t *input,
                              const mokRankWeights_t *weights, const mokBf16 *d_out,
                              const mokRankGrads_t *grads, cudaStream_t stream);
+
+/* Not collective. Grows the layer's block and its communicator's scratch now, on `stream`,
+ * to what a pass of num_tokens tokens needs under the worst routing (every route of every
+ * rank on this rank's experts; at N > 1 that is N times the balanced need), for any
+ * implementation: later passes of at most num_tokens tokens then allocate nothing (for a
+ * CUDA graph capture, or to fail early with mokOutOfMemory). If the layer's block grows,
+ * the context of the last forward is dropped (a backward then needs a forward again).
+ * [IN] num_tokens 0 .. max_tokens */
+mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t stream);
+
+/* Device memory held now. [OUT] layer_bytes: the layer's own (its block, blocks kept for
+ * captured CUDA graphs included, and its index arrays); [OUT] comm_scratch_bytes: the
+ * scratch block its communicator's layers share. Either may be NULL. */
+mokResult_t mokLayerMemoryInfo(mokLayer_t layer, size_t *layer_bytes, size_t *comm_scratch_bytes);
 
 /* Device twin of mokGenerateBf16 (bit-identical values) on the current device.
  * [OUT] dst: device memory [count]  [IN] stream */

@@ -39,8 +39,12 @@
 #include "gemm.h"
 #include "internal.h"
 #include "schedule_dev.h"
+#include "workspace.h"
 
 #define NUM_GKINDS 9
+/* The forward's count exchange: E route counts, then CNT_BAD (error flag), CNT_TOKENS,
+ * CNT_SAVED_MIB, CNT_SCRATCH_MIB (what the rank's row blocks hold: layout_saved). */
+enum { CNT_BAD, CNT_TOKENS, CNT_SAVED_MIB, CNT_SCRATCH_MIB, CNT_EXTRA };
 
 struct mok_gpu_layer {
   int device;
@@ -50,32 +54,41 @@ struct mok_gpu_layer {
    * nine sets, so every call paid that preparation (measured: qwen3.5 T=2048 forward
    * GEMMs 2.7 ms alone, 10.7 ms between backwards). A handle per kind keeps its set. */
   cublasHandle_t cublas_kind[NUM_GKINDS];
-  int64_t cap;           /* padded rows of the largest schedule */
+  int64_t cap;           /* padded rows of the last forward (R: the row buffers' capacity) */
   int64_t routes_max;    /* T_max * k */
   /* host, pinned */
   int32_t *h_idx;        /* [T_max*k] */
   int32_t *h_pos;        /* [T_max*k] send row of each route, -1 for an empty slot */
-  int32_t *h_cnt;        /* [E + 1] this rank's routes per global expert, then the error flag */
-  int32_t *h_cnt_all;    /* [N, E + 1] every rank's */
+  int32_t *h_cnt;        /* [E + CNT_EXTRA] this rank's routes per global expert, then the error flag,
+                            its tokens and the MiB its saved and scratch blocks hold */
+  int32_t *h_cnt_all;    /* [N, E + CNT_EXTRA] every rank's */
+  int32_t *h_flags;      /* [1 + N] exchange_refusals: this rank's flag, then every rank's */
   int32_t *h_map;        /* [cap] receive row of each padded row, -1 on padding */
   /* device */
-  int32_t *d_cnt, *d_cnt_all, *d_pos, *d_map;
-  mokBf16 *send;         /* [T_max*k, H]: x rows, then dY rows; finally dX partials (send order) */
-  mokBf16 *recv;         /* [N*T_max*k, H] */
-  mokBf16 *xg;           /* [cap, H] gathered X (saved) */
-  float *gu32;           /* [cap, 2I] fp32 [g|u] when the clamp is on */
-  mokBf16 *gu;           /* [cap, 2I] saved [g|u] (bf16, +-inf where clamped) */
-  mokBf16 *act;          /* [cap, I] saved a */
-  mokBf16 *yp;           /* [cap, H] expert outputs, then dY (padded layout) */
-  mokBf16 *yret;         /* [T_max*k, H] saved y_tj in send order */
-  float *f32;            /* [cap, max(I, H)] dA, then dX */
-  mokBf16 *dgu;          /* [cap, 2I] [dG|dU] */
-  /* shared expert (T_max rows) */
-  float *s_gu32;         /* [T_max, 2 I_s] when the clamp is on */
-  mokBf16 *s_gu, *s_act, *s_y; /* [T_max, 2 I_s], [T_max, I_s], [T_max, H] */
-  float *s_f32;          /* [T_max rounded up to 64, max(I_s, H)]; mokImplMega's backward: the
-                            shared dX rows (bf16) of mok_gemm_shared_backward */
-  mokBf16 *s_dgu;        /* [T_max rounded up to 64, 2 I_s] */
+  int32_t *d_cnt, *d_cnt_all, *d_pos, *d_map, *d_flags; /* (d_flags: [1 + N], as h_flags) */
+  /* The row buffers of a pass, carved from two growing blocks (workspace.h; layout_saved,
+   * layout_scratch): R = the forward's padded rows (g->cap), Q = its routes T*k, T64 = its
+   * tokens rounded up to 64. Saved (the layer's block `saved`, kept for the backward): */
+  mok_devbuf saved;
+  mokBf16 *xg;           /* [R, H] gathered X */
+  mokBf16 *gu;           /* [R, 2I] [g|u] (bf16, +-inf where clamped) */
+  mokBf16 *act;          /* [R, I] a */
+  mokBf16 *yret;         /* [Q, H] y_tj in send order (NCCL paths) */
+  mokBf16 *s_gu, *s_act; /* [T64, 2 I_s], [T64, I_s] */
+  /* Scratch (the communicator's block, dead between passes); mokImplMega keeps yp saved: */
+  mokBf16 *yp;           /* [R, H] expert outputs, then dY (padded layout) */
+  mokBf16 *send;         /* [Q, H]: x rows, then dY rows; finally dX partials (send order) */
+  mokBf16 *recv;         /* [rows received, H] */
+  float *gu32;           /* [R, 2I] fp32 [g|u] when the clamp is on (cuBLAS) */
+  float *f32;            /* [R, max(I, H)] dA, then dX */
+  mokBf16 *dgu;          /* [R, 2I] [dG|dU] */
+  float *s_gu32;         /* [T64, 2 I_s] when the clamp is on (cuBLAS) */
+  mokBf16 *s_y;          /* [T64, H] */
+  float *s_f32;          /* [T64, max(I_s, H)]; mokImplMega's backward: the shared dX rows
+                            (bf16) of mok_gemm_shared_backward */
+  mokBf16 *s_dgu;        /* [T64, 2 I_s] */
+  int64_t fwd_recv, fwd_routes; /* rows the last forward received (NCCL paths), its routes */
+  size_t fixed_bytes;    /* device bytes of the index arrays made at create (mokLayerMemoryInfo) */
   /* grouped GEMM arguments: host arrays [E_l]; pointer arrays in SLOTS rotating slots
    * (pinned host -> device), so a call never overwrites pointers a pending copy reads */
   int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
@@ -540,10 +553,10 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaGetDevice(&prev);
   cudaSetDevice(g->device);
   cudaDeviceSynchronize();
-  void *dev[] = {g->d_cnt, g->d_cnt_all, g->d_pos, g->d_map, g->send, g->recv, g->xg, g->gu32, g->gu, g->act,
-                 g->yp, g->yret, g->f32, g->dgu, g->s_gu32, g->s_gu, g->s_act, g->s_y, g->s_f32, g->s_dgu};
+  void *dev[] = {g->d_cnt, g->d_cnt_all, g->d_pos, g->d_map, g->d_flags};
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) cudaFree(dev[i]);
-  void *pinned[] = {g->h_idx, g->h_pos, g->h_cnt, g->h_cnt_all, g->h_map};
+  mok_devbuf_free(&g->saved);
+  void *pinned[] = {g->h_idx, g->h_pos, g->h_cnt, g->h_cnt_all, g->h_map, g->h_flags};
   for (size_t i = 0; i < sizeof pinned / sizeof pinned[0]; i++) cudaFreeHost(pinned[i]);
   if (g->cublas) cublasDestroy(g->cublas);
   for (int i = 0; i < NUM_GKINDS; i++)
@@ -568,24 +581,15 @@ void mok_gpu_layer_free(struct mokLayer *l) {
 static mokResult_t gpu_alloc(mokLayer_t l) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
-  const int64_t N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
-  const int64_t Is = c->shared_inter, T = c->max_tokens, k = c->topk, cap = l->sched_capacity;
-  const int64_t T64 = (T + 63) / 64 * 64; /* the megakernel's shared tiles write whole 64-row groups */
-  const int clamp = c->swiglu_limit > 0;
-  g->cap = cap;
+  const int64_t N = c->num_ranks, E = c->num_experts, El = l->local_experts;
+  const int64_t T = c->max_tokens, k = c->topk, cap = l->sched_capacity;
+  g->cap = 0;
   g->routes_max = T * k;
-  size_t wide = (size_t)(I > H ? I : H), swide = (size_t)(Is > H ? Is : H);
+  /* (the row buffers grow with the passes: layout_saved, layout_scratch) */
   struct { void **p; size_t bytes; } dev[] = {
-      {(void **)&g->d_cnt, 4 * (size_t)(E + 1)}, {(void **)&g->d_cnt_all, 4 * (size_t)(N * (E + 1))},
+      {(void **)&g->d_cnt, 4 * (size_t)(E + CNT_EXTRA)}, {(void **)&g->d_cnt_all, 4 * (size_t)(N * (E + CNT_EXTRA))},
       {(void **)&g->d_pos, 4 * (size_t)(T * k)}, {(void **)&g->d_map, 4 * (size_t)cap},
-      {(void **)&g->send, 2 * (size_t)(T * k * H)}, {(void **)&g->recv, 2 * (size_t)(N * T * k * H)},
-      {(void **)&g->xg, 2 * (size_t)(cap * H)}, {(void **)&g->gu32, clamp ? 4 * (size_t)(cap * 2 * I) : 0},
-      {(void **)&g->gu, 2 * (size_t)(cap * 2 * I)}, {(void **)&g->act, 2 * (size_t)(cap * I)},
-      {(void **)&g->yp, 2 * (size_t)(cap * H)}, {(void **)&g->yret, 2 * (size_t)(T * k * H)},
-      {(void **)&g->f32, 4 * (size_t)cap * wide}, {(void **)&g->dgu, 2 * (size_t)(cap * 2 * I)},
-      {(void **)&g->s_gu32, Is && clamp ? 4 * (size_t)(T * 2 * Is) : 0}, {(void **)&g->s_gu, 2 * (size_t)(T64 * 2 * Is)},
-      {(void **)&g->s_act, 2 * (size_t)(T64 * Is)}, {(void **)&g->s_y, Is ? 2 * (size_t)(T64 * H) : 0},
-      {(void **)&g->s_f32, Is ? 4 * (size_t)T64 * swide : 0}, {(void **)&g->s_dgu, 2 * (size_t)(T64 * 2 * Is)}};
+      {(void **)&g->d_flags, 4 * (size_t)(N + 1)}};
   size_t total = 0;
   for (size_t i = 0; i < sizeof dev / sizeof dev[0]; i++) {
     if (!dev[i].bytes) continue;
@@ -598,10 +602,11 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     }
     total += dev[i].bytes;
   }
+  g->fixed_bytes = total + 4 * (size_t)(T * k + 1) + 4 * (size_t)cap + 4 * (size_t)(2 * El + 1);
   struct { void **p; size_t bytes; } host[] = {
       {(void **)&g->h_idx, 4 * (size_t)(T * k + 1)}, {(void **)&g->h_pos, 4 * (size_t)(T * k + 1)},
-      {(void **)&g->h_cnt, 4 * (size_t)(E + 1)}, {(void **)&g->h_cnt_all, 4 * (size_t)(N * (E + 1))},
-      {(void **)&g->h_map, 4 * (size_t)cap}};
+      {(void **)&g->h_cnt, 4 * (size_t)(E + CNT_EXTRA)}, {(void **)&g->h_cnt_all, 4 * (size_t)(N * (E + CNT_EXTRA))},
+      {(void **)&g->h_map, 4 * (size_t)cap}, {(void **)&g->h_flags, 4 * (size_t)(N + 1)}};
   for (size_t i = 0; i < sizeof host / sizeof host[0]; i++)
     if (cudaMallocHost(host[i].p, host[i].bytes) != cudaSuccess) {
       cudaGetLastError();
@@ -779,6 +784,152 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
 
 /* ---- forward ------------------------------------------------------------------------- */
 /* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
+/* ---- the row buffers of a pass (workspace.h) ------------------------------------------ */
+/* What a pass's row buffers depend on: its forward's padded rows R, the rows it received,
+ * its routes (rows in send order) and tokens, and the path. */
+typedef struct {
+  int64_t rows, recv, routes, tokens;
+  mokImpl_t impl;      /* resolved: mokImplMega, mokImplNccl or mokImplBaseline */
+  int shared_in;       /* mokImplMega runs the shared expert in its launch */
+} pass_shape;
+
+/* Buffers carved one after another from a block, each 256-byte aligned; base NULL only
+ * adds up the bytes (the fields are left alone). */
+typedef struct { char *base; size_t off; } carve_t;
+static void *carve(carve_t *c, int64_t elems, size_t esz) {
+  const size_t bytes = (size_t)elems * esz;
+  if (!bytes) return NULL;
+  void *p = c->base ? c->base + c->off : NULL;
+  c->off += (bytes + 255) & ~(size_t)255;
+  return p;
+}
+#define CARVE(cv, field, elems)                                       \
+  do {                                                                \
+    void *p_ = carve((cv), (elems), sizeof *g->field);                \
+    if ((cv)->base) g->field = (decltype(g->field))p_;                \
+  } while (0)
+
+/* The layer's saved block: what the backward reads. */
+static size_t layout_saved(mokLayer_t l, const pass_shape *p, char *base) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
+  carve_t cv = {base, 0};
+  CARVE(&cv, xg, R * H);
+  CARVE(&cv, gu, R * 2 * I);
+  CARVE(&cv, act, R * I);
+  if (p->impl == mokImplMega) CARVE(&cv, yp, R * H); /* (y: its backward reads it in place) */
+  else CARVE(&cv, yret, p->routes * H);
+  CARVE(&cv, s_gu, T64 * 2 * Is);
+  CARVE(&cv, s_act, T64 * Is);
+  return cv.off;
+}
+
+/* The communicator's scratch block: what one forward (backward = 0) or backward uses. */
+static size_t layout_scratch(mokLayer_t l, const pass_shape *p, int backward, char *base) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
+  const int64_t wide = I > H ? I : H, swide = Is > H ? Is : H;
+  const int clamp = c->swiglu_limit > 0, mega = p->impl == mokImplMega;
+  carve_t cv = {base, 0};
+  if (base) {
+    g->send = g->recv = g->dgu = g->s_y = g->s_dgu = NULL;
+    g->gu32 = g->f32 = g->s_gu32 = g->s_f32 = NULL;
+    if (!mega) g->yp = NULL;
+  }
+  if (!mega) {
+    CARVE(&cv, send, p->routes * H);
+    CARVE(&cv, recv, p->recv * H);
+    CARVE(&cv, yp, R * H);
+  }
+  if (!backward) {
+    if (p->impl == mokImplBaseline && clamp) CARVE(&cv, gu32, R * 2 * I);
+    if (Is) CARVE(&cv, s_y, T64 * H);
+    if (Is && clamp && !p->shared_in) CARVE(&cv, s_gu32, T64 * 2 * Is);
+  } else {
+    CARVE(&cv, f32, R * wide);
+    CARVE(&cv, dgu, R * 2 * I);
+    if (Is) CARVE(&cv, s_f32, T64 * swide);
+    if (Is) CARVE(&cv, s_dgu, T64 * 2 * Is);
+  }
+  return cv.off;
+}
+#undef CARVE
+
+/* The scratch a forward reserves: its own and its backward's, so that the backward never
+ * grows the block (and so never has to tell its peers that it could not). */
+static size_t scratch_need(mokLayer_t l, const pass_shape *p) {
+  const size_t f = layout_scratch(l, p, 0, NULL), b = layout_scratch(l, p, 1, NULL);
+  return f > b ? f : b;
+}
+
+/* The shape of rank s's forward (NCCL paths), from the exchanged counts every rank holds. */
+static pass_shape rank_shape(mokLayer_t l, int s, mokImpl_t impl) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = l->cfg.num_ranks, E = l->cfg.num_experts, El = l->local_experts, P = l->cfg.row_pad;
+  const int64_t cs = E + CNT_EXTRA;
+  pass_shape p;
+  memset(&p, 0, sizeof p);
+  p.impl = impl;
+  for (int e = 0; e < E; e++) p.routes += g->h_cnt_all[(int64_t)s * cs + e];
+  p.tokens = g->h_cnt_all[(int64_t)s * cs + E + CNT_TOKENS];
+  for (int e = 0; e < El; e++) {
+    int64_t n = 0;
+    for (int r = 0; r < N; r++) n += g->h_cnt_all[(int64_t)r * cs + (int64_t)s * El + e];
+    p.recv += n;
+    p.rows += (n + P - 1) / P * P;
+  }
+  if (p.rows < P) p.rows = P; /* (never an empty tensor) */
+  return p;
+}
+
+/* The shape of a mokImplMega forward of T tokens (one rank: every route is local): R bounds
+ * the device schedule's padded rows, sum_e ceil(n_e / P) P <= T k + E_l (P - 1). */
+static pass_shape mega_shape(mokLayer_t l, int T, int shared_in) {
+  const int64_t P = l->cfg.row_pad;
+  pass_shape p;
+  memset(&p, 0, sizeof p);
+  p.impl = mokImplMega, p.shared_in = shared_in, p.tokens = T, p.routes = (int64_t)T * l->cfg.topk;
+  p.rows = mok_round_up(p.routes + (int64_t)l->local_experts * (P - 1), P);
+  if (p.rows < P) p.rows = P;
+  return p;
+}
+
+/* Makes the blocks hold pass p's buffers and carves them: a forward (backward = 0) the
+ * saved block and the scratch of both passes; a backward the scratch it uses. */
+static mokResult_t pass_buffers(mokLayer_t l, const pass_shape *p, int backward, cudaStream_t st, const char *fn) {
+  struct mok_gpu_layer *g = l->gpu;
+  mok_devbuf *scr = mok_comm_scratch(l->comm);
+  if (!backward) {
+    MOK_CHECK(mok_devbuf_reserve(l, &g->saved, layout_saved(l, p, NULL), st, fn, "layer's saved rows"));
+    layout_saved(l, p, (char *)g->saved.ptr);
+    g->cap = p->rows, g->fwd_recv = p->recv, g->fwd_routes = p->routes;
+  }
+  MOK_CHECK(mok_devbuf_reserve(l, scr, backward ? layout_scratch(l, p, 1, NULL) : scratch_need(l, p), st, fn,
+                               "communicator's scratch rows"));
+  layout_scratch(l, p, backward, (char *)scr->ptr);
+  return mokSuccess;
+}
+
+/* The shape of the last forward (its backward carves the same buffers). */
+static pass_shape fwd_shape(mokLayer_t l) {
+  struct mok_gpu_layer *g = l->gpu;
+  pass_shape p;
+  memset(&p, 0, sizeof p);
+  p.rows = g->cap, p.recv = g->fwd_recv, p.routes = g->fwd_routes, p.tokens = g->fwd_tokens;
+  p.impl = g->fwd_impl, p.shared_in = g->fwd_shared_in;
+  return p;
+}
+
+/* After a pass: later passes on other streams wait for it before they reuse the blocks. */
+static void pass_done(mokLayer_t l, cudaStream_t st) {
+  mok_devbuf_done(&l->gpu->saved, st);
+  mok_devbuf_done(mok_comm_scratch(l->comm), st);
+}
+
+static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st);
+
 static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
@@ -811,8 +962,14 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
                                 cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
+  static const char fn[] = "mokLayerForward";
   const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, T = in->num_tokens;
   g->fwd_valid = 0;
+  /* the shared expert as tiles of the launch: its width is the routed experts' and s_up
+   * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
+  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
+  const pass_shape ps = mega_shape(l, T, shared_in);
+  MOK_CHECK(pass_buffers(l, &ps, 0, st, fn));
   mokGemmRows_t rows;
   MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
   mokLocalSchedule_t s;
@@ -822,9 +979,6 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
   s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
-  /* the shared expert as tiles of the launch: its width is the routed experts' and s_up
-   * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
-  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
   if (shared_in) s.shared_seg = g->d_shared_seg;
   g->fwd_shared_in = shared_in;
   prof_mark(g, "start", st);
@@ -885,32 +1039,60 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
   g->fwd_valid = 0;
+  g->fwd_shared_in = 0;
 
   prof_mark(g, "start", st);
   /* 1. routing to the host (the baseline's one wait), counts and send positions */
   if (routes) CUDA_CHECK(l, cudaMemcpyAsync(g->h_idx, in->topk_idx, 4 * routes, cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
-  memset(g->h_cnt, 0, sizeof(int32_t) * (E + 1));
+  const int64_t cs = E + CNT_EXTRA; /* (the exchange's stride) */
+  memset(g->h_cnt, 0, sizeof(int32_t) * cs);
   int64_t bad = -1;
   for (int64_t q = 0; q < routes; q++) {
     int32_t e = g->h_idx[q];
     if (e < -1 || e >= E) { bad = q; break; }
     if (e >= 0) g->h_cnt[e]++;
   }
-  if (bad >= 0) g->h_cnt[E] = 1;
-  /* 2. every rank's counts (and error flag) */
-  CUDA_CHECK(l, cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * (size_t)(E + 1), cudaMemcpyHostToDevice, st));
-  NCCL_CHECK(l, ncclAllGather(g->d_cnt, g->d_cnt_all, (size_t)(E + 1), ncclInt32, nc, st));
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * (E + 1), cudaMemcpyDeviceToHost, st));
+  if (bad >= 0) g->h_cnt[E + CNT_BAD] = 1;
+  g->h_cnt[E + CNT_TOKENS] = T;
+  g->h_cnt[E + CNT_SAVED_MIB] = (int32_t)(g->saved.bytes >> 20);
+  g->h_cnt[E + CNT_SCRATCH_MIB] = (int32_t)(mok_comm_scratch(l->comm)->bytes >> 20);
+  /* 2. every rank's counts (and error flag, tokens, blocks) */
+  CUDA_CHECK(l, cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * (size_t)cs, cudaMemcpyHostToDevice, st));
+  NCCL_CHECK(l, ncclAllGather(g->d_cnt, g->d_cnt_all, (size_t)cs, ncclInt32, nc, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * cs, cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
   if (bad >= 0)
     return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, %d) "
                      "or -1; nothing was written", fn, rank, (long long)(bad / k), (long long)(bad % k),
                      (int)g->h_idx[bad], E);
   for (int s = 0; s < N; s++)
-    if (g->h_cnt_all[(int64_t)s * (E + 1) + E])
+    if (g->h_cnt_all[(int64_t)s * cs + E + CNT_BAD])
       return mok_error(l, mokInvalidArgument, "%s: rank %d refused its forward input (a bad expert id or argument); nothing was "
                        "written", fn, s);
+  /* 2b. the row buffers, sized by these counts: every rank computes every rank's needs
+   * from the exchange, so where one rank's blocks grow all of them exchange whether the
+   * growth succeeded (a rank that could not allocate must not leave its peers in NCCL) */
+  int grow_any = 0;
+  for (int s = 0; s < N && !grow_any; s++) {
+    const pass_shape ps = rank_shape(l, s, g->fwd_impl);
+    const int32_t *ex = g->h_cnt_all + (int64_t)s * cs + E;
+    grow_any = layout_saved(l, &ps, NULL) > ((size_t)ex[CNT_SAVED_MIB] << 20) ||
+               scratch_need(l, &ps) > ((size_t)ex[CNT_SCRATCH_MIB] << 20);
+  }
+  const pass_shape me = rank_shape(l, rank, g->fwd_impl);
+  mokResult_t ar = pass_buffers(l, &me, 0, st, fn);
+  if (grow_any) {
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    int first_bad = -1;
+    MOK_CHECK(exchange_refusals(l, ar != mokSuccess, &first_bad, st));
+    if (ar != mokSuccess) return mok_error(l, ar, "%s", msg);
+    if (first_bad >= 0)
+      return mok_error(l, mokOutOfMemory, "%s: rank %d could not grow its row buffers for this forward (its "
+                       "mokGetLastError says why); nothing was written", fn, first_bad);
+  }
+  MOK_CHECK(ar);
   /* send order: sorted by global expert, then (t, j) */
   int32_t *cursor = g->cursor;
   cursor[0] = 0;
@@ -926,15 +1108,15 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   /* receive side: rows from s to my experts, and the padded schedule */
   int64_t rb = 0;
   for (int s = 0; s < N; s++) {
-    const int32_t *cs = g->h_cnt_all + (int64_t)s * (E + 1) + (int64_t)rank * El;
+    const int32_t *cn = g->h_cnt_all + (int64_t)s * cs + (int64_t)rank * El;
     int64_t n = 0;
-    for (int e = 0; e < El; e++) n += cs[e];
+    for (int e = 0; e < El; e++) n += cn[e];
     g->recv_cnt[s] = n, g->recv_base[s] = rb, rb += n;
   }
   g->seg_off[0] = 0;
   for (int e = 0; e < El; e++) {
     int32_t n = 0;
-    for (int s = 0; s < N; s++) n += g->h_cnt_all[(int64_t)s * (E + 1) + (int64_t)rank * El + e];
+    for (int s = 0; s < N; s++) n += g->h_cnt_all[(int64_t)s * cs + (int64_t)rank * El + e];
     g->seg_cnt[e] = n;
     g->seg_off[e + 1] = g->seg_off[e] + (n + P - 1) / P * P;
   }
@@ -942,10 +1124,10 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   for (int e = 0; e < El; e++) {
     int64_t q = g->seg_off[e];
     for (int s = 0; s < N; s++) {
-      const int32_t *cs = g->h_cnt_all + (int64_t)s * (E + 1) + (int64_t)rank * El;
+      const int32_t *cn = g->h_cnt_all + (int64_t)s * cs + (int64_t)rank * El;
       int64_t src = g->recv_base[s];
-      for (int e2 = 0; e2 < e; e2++) src += cs[e2];
-      for (int32_t i = 0; i < cs[e]; i++) g->h_map[q++] = (int32_t)(src + i);
+      for (int e2 = 0; e2 < e; e2++) src += cn[e2];
+      for (int32_t i = 0; i < cn[e]; i++) g->h_map[q++] = (int32_t)(src + i);
     }
     while (q < g->seg_off[e + 1]) g->h_map[q++] = -1;
   }
@@ -1198,14 +1380,14 @@ static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cuda
   const int N = l->cfg.num_ranks;
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
-  g->h_cnt[0] = bad;
-  CUDA_CHECK(l, cudaMemcpyAsync(g->d_cnt, g->h_cnt, sizeof(int32_t), cudaMemcpyHostToDevice, st));
-  NCCL_CHECK(l, ncclAllGather(g->d_cnt, g->d_cnt_all, 1, ncclInt32, nc, st));
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, sizeof(int32_t) * (size_t)N, cudaMemcpyDeviceToHost, st));
+  g->h_flags[0] = bad; /* (arrays of its own: the forward's counts stay readable) */
+  CUDA_CHECK(l, cudaMemcpyAsync(g->d_flags, g->h_flags, sizeof(int32_t), cudaMemcpyHostToDevice, st));
+  NCCL_CHECK(l, ncclAllGather(g->d_flags, g->d_flags + 1, 1, ncclInt32, nc, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_flags + 1, g->d_flags + 1, sizeof(int32_t) * (size_t)N, cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
   *first_bad = -1;
   for (int s = N - 1; s >= 0; s--)
-    if (g->h_cnt_all[s]) *first_bad = s;
+    if (g->h_flags[1 + s]) *first_bad = s;
   return mokSuccess;
 }
 
@@ -1219,11 +1401,12 @@ static mokResult_t refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st)
   ncclComm_t nc;
   g->fwd_valid = 0;
   if (mokCommGetNccl(l->comm, &nc) == mokSuccess) {
-    memset(g->h_cnt, 0, sizeof(int32_t) * (size_t)(E + 1));
-    g->h_cnt[E] = 1;
-    if (cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * (size_t)(E + 1), cudaMemcpyHostToDevice, st) == cudaSuccess &&
-        ncclAllGather(g->d_cnt, g->d_cnt_all, (size_t)(E + 1), ncclInt32, nc, st) == ncclSuccess)
-      cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * (E + 1), cudaMemcpyDeviceToHost, st);
+    const size_t cs = (size_t)(E + CNT_EXTRA);
+    memset(g->h_cnt, 0, sizeof(int32_t) * cs);
+    g->h_cnt[E + CNT_BAD] = 1;
+    if (cudaMemcpyAsync(g->d_cnt, g->h_cnt, 4 * cs, cudaMemcpyHostToDevice, st) == cudaSuccess &&
+        ncclAllGather(g->d_cnt, g->d_cnt_all, cs, ncclInt32, nc, st) == ncclSuccess)
+      cudaMemcpyAsync(g->h_cnt_all, g->d_cnt_all, 4 * (size_t)N * cs, cudaMemcpyDeviceToHost, st);
     cudaStreamSynchronize(st);
     cudaGetLastError();
   }
@@ -1254,6 +1437,7 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
     rc = l->gpu->fwd_impl == mokImplMega ? mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
+    pass_done(l, st);
   }
   else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
   if (prev >= 0) cudaSetDevice(prev);
@@ -1288,6 +1472,10 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_gate, "grads->d_s_gate", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_up, "grads->d_s_up", Is > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_down, "grads->d_s_down", Is > 0);
+  if (rc == mokSuccess) { /* (the forward reserved this scratch: nothing grows here) */
+    const pass_shape fs = fwd_shape(l);
+    rc = pass_buffers(l, &fs, 1, st, fn);
+  }
   if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
     /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
     char msg[MOK_ERRMSG_LEN];
@@ -1308,6 +1496,57 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   /* mokImplMega's backward writes dY over the forward's y rows (d_topk_w reads them first):
    * another backward needs the forward again */
   if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) l->gpu->fwd_valid = 0;
+  if (l && l->gpu) pass_done(l, st);
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
+}
+
+/* ---- device memory ------------------------------------------------------------------- */
+extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_t st) {
+  static const char fn[] = "mokLayerReserve";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only)", fn);
+  if (num_tokens < 0 || num_tokens > l->cfg.max_tokens)
+    return mok_error(l, mokInvalidArgument, "%s: num_tokens %d is outside [0, max_tokens %d]", fn, num_tokens,
+                     l->cfg.max_tokens);
+  struct mok_gpu_layer *g = l->gpu;
+  const int64_t N = l->cfg.num_ranks, k = l->cfg.topk, P = l->cfg.row_pad;
+  /* the worst routing: every route of every rank on this rank's experts */
+  pass_shape sh[4];
+  memset(sh, 0, sizeof sh);
+  sh[0] = mega_shape(l, num_tokens, 0);
+  sh[1] = mega_shape(l, num_tokens, 1);
+  for (int q = 2; q < 4; q++) {
+    sh[q].impl = q == 2 ? mokImplNccl : mokImplBaseline;
+    sh[q].tokens = num_tokens, sh[q].routes = (int64_t)num_tokens * k, sh[q].recv = N * num_tokens * k;
+    sh[q].rows = mok_round_up(sh[q].recv + (int64_t)l->local_experts * (P - 1), P);
+    if (sh[q].rows < P) sh[q].rows = P;
+  }
+  size_t saved = 0, scratch = 0;
+  for (int q = 0; q < 4; q++) {
+    const size_t a = layout_saved(l, &sh[q], NULL), b = scratch_need(l, &sh[q]);
+    if (a > saved) saved = a;
+    if (b > scratch) scratch = b;
+  }
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  const size_t had = g->saved.bytes;
+  mokResult_t rc = mok_devbuf_reserve(l, &g->saved, saved, st, fn, "layer's saved rows");
+  if (g->saved.bytes != had) g->fwd_valid = 0; /* (the last forward's context is gone) */
+  if (rc == mokSuccess) rc = mok_devbuf_reserve(l, mok_comm_scratch(l->comm), scratch, st, fn, "communicator's scratch rows");
+  if (rc == mokSuccess) pass_done(l, st);
+  if (prev >= 0) cudaSetDevice(prev);
+  return rc;
+}
+
+extern "C" mokResult_t mokLayerMemoryInfo(mokLayer_t l, size_t *layer_bytes, size_t *comm_scratch_bytes) {
+  static const char fn[] = "mokLayerMemoryInfo";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only)", fn);
+  if (layer_bytes) *layer_bytes = l->gpu->fixed_bytes + mok_devbuf_held(&l->gpu->saved);
+  if (comm_scratch_bytes) *comm_scratch_bytes = mok_devbuf_held(mok_comm_scratch(l->comm));
+  return mokSuccess;
 }

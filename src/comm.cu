@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "comm_device.cuh"
 #include "internal.h"
+#include "workspace.h"
 
 #include <cuda_runtime.h>
 #include <nccl.h>
@@ -52,6 +53,7 @@ struct mokComm {
   ncclWindow_t ws_win;
   char *ws_peer[MOK_COMM_MAX_RANKS];
   struct symbuf *bufs;
+  mok_devbuf scratch;          // the row scratch its layers share (workspace.h)
   char last_error[MOK_ERRMSG_LEN];
 };
 
@@ -310,6 +312,7 @@ static mokResult_t comm_release(mokComm_t c, const char *fn) {
     c->has_devcomm = 0;
   }
   if (c->d_scratch) cudaFree(c->d_scratch);
+  mok_devbuf_free(&c->scratch);
   if (c->h_word) cudaFreeHost(c->h_word);
   if (c->side) cudaStreamDestroy(c->side);
   c->d_scratch = NULL;
@@ -437,6 +440,8 @@ extern "C" mokResult_t mokCommDestroy(mokComm_t comm) {
 }
 
 // ---- queries -----------------------------------------------------------------------
+mok_devbuf *mok_comm_scratch(mokComm_t comm) { return comm ? &comm->scratch : NULL; }
+
 extern "C" mokResult_t mokCommRankInfo(mokComm_t comm, int *rank, int *num_ranks, int *device) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommRankInfo: comm is NULL");

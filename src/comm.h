@@ -124,6 +124,8 @@ int mok_comm_find_symmetric(mokComm_t comm, const void *ptr, size_t bytes, void 
  * launches it with the same blocks and count. */
 mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int threads, int count,
                                      int check, uint32_t base, cudaStream_t stream);
+/* The row scratch block the layers of comm share (workspace.h; freed with comm). */
+struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
 /* Launches one CTA that records a planted error word on the device (tests). */
 mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long long word, cudaStream_t stream);
 

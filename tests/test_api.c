@@ -202,6 +202,12 @@ MOK_TEST(api_gpu_entry_points_validate_on_host) {
   CHECK(strstr(mokLayerGetLastError(host), "mokLayerCreateOnComm") != NULL);
   mokRankGrads_t g = {0};
   CHECK_STATUS(mokLayerBackward(host, mokImplBaseline, &in, &w, NULL, &g, NULL), mokInvalidUsage);
+  size_t own = 7, scratch = 7;
+  CHECK_STATUS(mokLayerReserve(NULL, 16, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokLayerReserve(host, 16, NULL), mokInvalidUsage);
+  CHECK_STATUS(mokLayerMemoryInfo(NULL, &own, &scratch), mokInvalidArgument);
+  CHECK_STATUS(mokLayerMemoryInfo(host, &own, &scratch), mokInvalidUsage);
+  CHECK(own == 7 && scratch == 7 && strstr(mokGetLastError(), "mokLayerMemoryInfo") != NULL);
   mokLayerDestroy(host);
   CHECK_STATUS(mokGenerateBf16Device(1, mokTensorX, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);
   CHECK_STATUS(mokGenerateBf16Device(1, (mokTensorKind_t)0, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);

@@ -110,8 +110,8 @@ static void case_free(gpu_case *c) {
   }
 }
 
-/* Per rank, on its own thread with its device current: upload, create, forward, backward. */
-static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
+/* Per rank, on its own thread with its device current: upload and create (no pass). */
+static mokResult_t rank_setup(mokComm_t comm, int s, void *arg) {
   gpu_case *c = arg;
   const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, T = c->T[s], El = c->El;
   size_t th = (size_t)T * H, tk = (size_t)T * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
@@ -156,14 +156,26 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   cudaMemset(c->dg[s].d_x, 0xff, 2 * th);
   cudaMemset(c->dg[s].d_w_gate, 0xff, gsz(c) * wgu);
   cudaMemset(c->dg[s].d_w_down, 0xff, gsz(c) * wgu);
-  mokResult_t rc = mokLayerCreateOnComm(&c->layer[s], &c->cfg, comm);
+  return mokLayerCreateOnComm(&c->layer[s], &c->cfg, comm);
+}
+
+static mokResult_t rank_forward(gpu_case *c, int s, cudaStream_t st) {
+  return c->fwd_rc[s] = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
+}
+
+static mokResult_t rank_backward(gpu_case *c, int s, cudaStream_t st) {
+  return c->bwd_rc[s] = mokLayerBackward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
+}
+
+/* Per rank: upload, create, forward, backward. */
+static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
+  gpu_case *c = arg;
+  mokResult_t rc = rank_setup(comm, s, c);
   if (rc != mokSuccess) return rc;
   cudaStream_t st;
   cudaStreamCreate(&st);
-  c->fwd_rc[s] = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
-  c->bwd_rc[s] = c->fwd_rc[s] == mokSuccess
-                     ? mokLayerBackward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st)
-                     : c->fwd_rc[s];
+  if (rank_forward(c, s, st) == mokSuccess) rank_backward(c, s, st);
+  else c->bwd_rc[s] = c->fwd_rc[s];
   cudaStreamSynchronize(st);
   cudaStreamDestroy(st);
   return c->bwd_rc[s];
@@ -196,13 +208,10 @@ static double rel_dev(const void *d, const void *h, size_t n, size_t esz, double
   return *den ? sqrt(*num / *den) : sqrt(*num);
 }
 
-static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int mode, float clamp, mokDtype_t gdt,
-                     const char *label) {
-  gpu_case *c = calloc(1, sizeof *c);
-  CHECK(case_init(c, N, mode, clamp, gdt, test_seed() ^ (uint64_t)(mode * 31 + N)));
-  c->impl = impl;
-  mokResult_t rc = mokLocalRun(N, comms, rank_run, c);
-  CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
+/* Every output of c's passes against the reference (rel L2 < 1e-2 each), then frees the
+ * ranks' device data (rank_free). */
+static void check_case(test_ctx *t, mokComm_t *comms, gpu_case *c, const char *label) {
+  const int N = c->N;
   const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, El = c->El;
   static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up", "d_s_down"};
   double num[9] = {0}, den[9] = {0};
@@ -221,12 +230,23 @@ static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int m
     }
   }
   mokLocalRun(N, comms, rank_free, c);
-  case_free(c);
-  free(c);
   for (int q = 0; q < 9; q++) {
     double e = den[q] ? sqrt(num[q] / den[q]) : sqrt(num[q]);
     CHECK_MSG(e < 1e-2, "%s (%d GPU): %s rel L2 %g >= 1e-2", label, N, names[q], e);
   }
+}
+
+static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int mode, float clamp, mokDtype_t gdt,
+                     const char *label) {
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, N, mode, clamp, gdt, test_seed() ^ (uint64_t)(mode * 31 + N)));
+  c->impl = impl;
+  mokResult_t rc = mokLocalRun(N, comms, rank_run, c);
+  if (rc == mokSuccess) check_case(t, comms, c, label);
+  else mokLocalRun(N, comms, rank_free, c);
+  case_free(c);
+  free(c);
+  CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
 }
 
 static void all_routings(test_ctx *t, int N, mokImpl_t impl) {
@@ -544,6 +564,136 @@ MOK_GPU_TEST(layer_refuses_misaligned_tokens_1gpu, 1) {
     case_free(c);
     free(c);
   }
+  mokLocalCommsDestroy(1, &comm);
+}
+
+/* Device memory follows the rows. Two layers on one communicator share its scratch block
+ * and keep their own saved blocks; their passes run in a training step's order (A's forward,
+ * B's forward, B's backward, A's backward) with B on a second stream and no wait of the
+ * test's between the streams (the shared block orders them). A's first forward has 9 tokens,
+ * its second all of them, so its block grows between two forwards (mokImplMega: asserted).
+ * Every output against the reference. Memory (max_tokens 8192, passes of 64-96 tokens):
+ * a created layer holds only its index arrays, and after the passes its block is well under
+ * the worst case the config allows (~60 MB); mokLayerReserve(8192) grows it past that and
+ * drops the last forward's context (a backward is then refused). */
+typedef struct {
+  gpu_case *a, *b;
+  size_t own_created[MAXR], scratch_created[MAXR], own_few[MAXR], own[MAXR], scratch[MAXR], own_reserved[MAXR];
+  mokResult_t after_reserve[MAXR];
+} pair_case;
+
+static mokResult_t rank_pair(mokComm_t comm, int s, void *arg) {
+  pair_case *p = arg;
+  mokResult_t rc = rank_setup(comm, s, p->a);
+  if (rc == mokSuccess) rc = rank_setup(comm, s, p->b);
+  if (rc != mokSuccess) return rc;
+  mokLayer_t la = p->a->layer[s];
+  if ((rc = mokLayerMemoryInfo(la, &p->own_created[s], &p->scratch_created[s])) != mokSuccess) return rc;
+  cudaStream_t st, st2;
+  cudaStreamCreate(&st);
+  cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking);
+  mokRankInput_t few = p->a->din[s];
+  few.num_tokens = few.num_tokens < 9 ? few.num_tokens : 9;
+  rc = mokLayerForward(la, p->a->impl, &few, &p->a->dw[s], p->a->out_d[s], st);
+  if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own_few[s], NULL);
+  if (rc == mokSuccess) rc = rank_forward(p->a, s, st);
+  if (rc == mokSuccess) rc = rank_forward(p->b, s, st2);
+  if (rc == mokSuccess) rc = rank_backward(p->b, s, st2);
+  if (rc == mokSuccess) rc = rank_backward(p->a, s, st);
+  cudaStreamSynchronize(st);
+  cudaStreamSynchronize(st2);
+  if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own[s], &p->scratch[s]);
+  if (rc == mokSuccess) rc = mokLayerReserve(la, 8192, st);
+  if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own_reserved[s], NULL);
+  if (rc == mokSuccess) {
+    mokRankGrads_t g = p->a->dg[s];
+    g.d_x = NULL; /* (were it run, it would fault: it must be refused first) */
+    p->after_reserve[s] = mokLayerBackward(la, p->a->impl, &p->a->din[s], &p->a->dw[s], p->a->dout_d[s], &g, st);
+  }
+  cudaStreamSynchronize(st);
+  cudaStreamDestroy(st);
+  cudaStreamDestroy(st2);
+  return rc;
+}
+
+static void memory_follows_rows(test_ctx *t, int N) {
+  static const mokImpl_t impls[] = {mokImplBaseline, mokImplNccl, mokImplMega};
+  for (int ii = 0; ii < 3 && !t->failed; ii++) {
+    if (impls[ii] == mokImplMega && N > 1) continue; /* (one GPU so far) */
+    mokComm_t comms[MAXR] = {0}; /* (new ones: the last impl's mokLayerReserve grew the scratch) */
+    CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+    pair_case p;
+    memset(&p, 0, sizeof p);
+    p.a = calloc(1, sizeof *p.a), p.b = calloc(1, sizeof *p.b);
+    CHECK(case_init(p.a, N, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ (uint64_t)(0x3e3 + ii)));
+    CHECK(case_init(p.b, N, N > 1 ? RT_UNEVEN : RT_DUP_EMPTY, 1.0f, mokDtypeFP32, test_seed() ^ (uint64_t)(0x3e4 + ii)));
+    p.a->cfg.max_tokens = 8192; /* (the math does not depend on it) */
+    p.a->impl = p.b->impl = impls[ii];
+    mokResult_t rc = mokLocalRun(N, comms, rank_pair, &p);
+    CHECK_MSG(rc == mokSuccess, "impl %d: %s", (int)impls[ii], mokGetLastError());
+    for (int s = 0; s < N; s++) {
+      CHECK_MSG(p.own_created[s] < ((size_t)1 << 20), "impl %d: a created layer holds %zu bytes", (int)impls[ii],
+                p.own_created[s]);
+      CHECK_MSG(p.own[s] < ((size_t)4 << 20) && p.scratch[s] < ((size_t)16 << 20) && p.scratch[s] > 0,
+                "impl %d rank %d: after the passes the layer holds %zu bytes, the scratch %zu", (int)impls[ii], s,
+                p.own[s], p.scratch[s]);
+      CHECK_MSG(impls[ii] != mokImplMega || p.own[s] > p.own_few[s], "mokImplMega: the block did not grow from 9 "
+                "tokens to %d (%zu, then %zu bytes)", p.a->T[s], p.own_few[s], p.own[s]);
+      CHECK_MSG(p.own_reserved[s] > ((size_t)59 << 20), "impl %d: mokLayerReserve(8192) left %zu bytes",
+                (int)impls[ii], p.own_reserved[s]);
+      CHECK_MSG(p.after_reserve[s] == mokInvalidUsage, "impl %d: a backward after mokLayerReserve grew the block: %d",
+                (int)impls[ii], (int)p.after_reserve[s]);
+    }
+    if (!t->failed) check_case(t, comms, p.a, "layer A");
+    else mokLocalRun(N, comms, rank_free, p.a);
+    if (!t->failed) check_case(t, comms, p.b, "layer B (second stream)");
+    else mokLocalRun(N, comms, rank_free, p.b);
+    case_free(p.a), case_free(p.b);
+    free(p.a), free(p.b);
+    mokLocalCommsDestroy(N, comms);
+  }
+}
+
+MOK_GPU_TEST(layer_memory_follows_rows_1gpu, 1) { memory_follows_rows(t, 1); }
+MOK_GPU_TEST(layer_memory_follows_rows_2gpu, 2) { memory_follows_rows(t, 2); }
+
+/* A block cannot grow inside a CUDA graph capture: mokImplMega's first forward captured on a
+ * new communicator is refused with a message naming mokLayerReserve; after mokLayerReserve
+ * the same capture (forward and backward) succeeds and its replay matches the reference. */
+MOK_GPU_TEST(layer_reserve_before_capture_1gpu, 1) {
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, 1, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0x3e5));
+  c->impl = mokImplMega;
+  CHECK_MSG(mokLocalRun(1, &comm, rank_setup, c) == mokSuccess, "%s", mokGetLastError());
+  cudaStream_t st;
+  CHECK(cudaStreamCreate(&st) == cudaSuccess);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], st);
+  char msg[512];
+  snprintf(msg, sizeof msg, "%s", mokGetLastError());
+  CHECK(cudaStreamEndCapture(st, &graph) == cudaSuccess);
+  cudaGraphDestroy(graph);
+  CHECK_MSG(fwd == mokInvalidUsage && strstr(msg, "mokLayerReserve"), "a forward that must grow inside a capture: "
+            "%d (%s)", (int)fwd, msg);
+  CHECK_OK(mokLayerReserve(c->layer[0], c->T[0], st));
+  CHECK(cudaStreamSynchronize(st) == cudaSuccess);
+  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
+  fwd = rank_forward(c, 0, st);
+  mokResult_t bwd = fwd == mokSuccess ? rank_backward(c, 0, st) : fwd;
+  cudaError_t ce = cudaStreamEndCapture(st, &graph);
+  CHECK_MSG(fwd == mokSuccess && bwd == mokSuccess, "captured after mokLayerReserve: %s", mokGetLastError());
+  CHECK(ce == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
+  CHECK(cudaGraphLaunch(exec, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess);
+  cudaGraphExecDestroy(exec);
+  cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  check_case(t, &comm, c, "replay after mokLayerReserve");
+  case_free(c);
+  free(c);
   mokLocalCommsDestroy(1, &comm);
 }
 

@@ -482,6 +482,8 @@ int mok_bench_layer_main(int argc, char **argv) {
       if (!ok) bad = 1;
       float fwd = 0, fb = 0;
       for (int r = 0; r < gpus; r++) fwd = fmaxf(fwd, b->fwd_ms[r]), fb = fmaxf(fb, b->fb_ms[r]);
+      size_t own = 0, scratch = 0; /* device memory after the passes (rank 0) */
+      mokLayerMemoryInfo(b->layer[0], &own, &scratch);
       const double H = cfg.hidden, I = cfg.inter, Is = cfg.shared_inter, k = cfg.topk, T = b->T, N = gpus;
       const double El = cfg.num_experts / N;
       double flops = 6 * T * (k * H * I + H * Is);
@@ -491,16 +493,18 @@ int mok_bench_layer_main(int argc, char **argv) {
       snprintf(table[rows++], sizeof table[0], "%-18s %6d %4d %-9s %9.3f %8.1f %10.3f %8.1f %9.3f %6.2fx  %.2e %s",
                models[mi], b->T, gpus, label, fwd, flops / (fwd * 1e-3) / 1e12, fb,
                3 * flops / (fb * 1e-3) / 1e12, floor_ms, fwd / floor_ms, maxerr, ok ? "ok" : b->fail[0] ? "FAILED" : "WRONG");
-      printf("[%s T=%d EP%d %s] forward %.3f ms, forward+backward %.3f ms, check %.2e (%s), %.1f s\n", models[mi], b->T,
-             gpus, label, fwd, fb, maxerr, ok ? "ok" : "WRONG", now_s() - t0);
+      printf("[%s T=%d EP%d %s] forward %.3f ms, forward+backward %.3f ms, check %.2e (%s), %.1f s; device memory: "
+             "layer %.2f GiB, comm scratch %.2f GiB\n", models[mi], b->T, gpus, label, fwd, fb, maxerr,
+             ok ? "ok" : "WRONG", now_s() - t0, own / 1073741824.0, scratch / 1073741824.0);
       if (jf)
         fprintf(jf,
                 "%s  {\"model\": \"%s\", \"tokens\": %d, \"gpus\": %d, \"impl\": \"%s\", \"routing\": \"%s\", "
                 "\"fwd_ms\": %.4f, \"fwd_bwd_ms\": %.4f, \"fwd_tflops\": %.2f, \"fwd_bwd_tflops\": %.2f, "
                 "\"fwd_floor_ms\": %.4f, \"err_out\": %.3e, \"err_dx\": %.3e, \"err_dtopk_w\": %.3e, \"err_dw\": %.3e, "
-                "\"ok\": %s}",
+                "\"layer_bytes\": %zu, \"comm_scratch_bytes\": %zu, \"ok\": %s}",
                 rows > 1 ? ",\n" : "", models[mi], b->T, gpus, label, routing_s, fwd, fb, flops / (fwd * 1e-3) / 1e12,
-                3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], err[3], ok ? "true" : "false");
+                3 * flops / (fb * 1e-3) / 1e12, floor_ms, err[0], err[1], err[2], err[3], own, scratch,
+                ok ? "true" : "false");
       fflush(stdout);
       mokLocalRun(gpus, comms, rank_free, b);
       pthread_mutex_destroy(&b->mu);

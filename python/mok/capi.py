@@ -110,6 +110,8 @@ def _declare(lib):
         "mokLayerGetLastError": ([V], ctypes.c_char_p),
         "mokLayerForward": ([V, I, P(_RankInput), P(_RankWeights), V, V], I),
         "mokLayerBackward": ([V, I, P(_RankInput), P(_RankWeights), V, P(_RankGrads), V], I),
+        "mokLayerReserve": ([V, I, V], I),
+        "mokLayerMemoryInfo": ([V, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokCommConfigInit": ([P(_CommConfig)], I),
         "mokGetUniqueId": ([P(_UniqueId)], I),
         "mokCommInitRank": ([P(V), I, P(_UniqueId), I, I, P(_CommConfig)], I),
@@ -359,8 +361,22 @@ class Layer:
         if impl == "mega":  # its backward consumed the forward's saved rows: another needs it again
             self.generation += 1
 
+    def memory_info(self):
+        """(layer_bytes, comm_scratch_bytes): device memory the layer holds now (its saved rows,
+        sized by its passes' rows, and index arrays), and the scratch its comm's layers share."""
+        own, scratch = ctypes.c_size_t(), ctypes.c_size_t()
+        self._err(_load().mokLayerMemoryInfo(self.handle, ctypes.byref(own), ctypes.byref(scratch)))
+        return own.value, scratch.value
+
+    def reserve(self, num_tokens, stream=None):
+        """Grows the layer's and its comm's blocks now to what a pass of num_tokens tokens needs under
+        the worst routing (mokLayerReserve): later passes of that size allocate nothing (CUDA graph
+        capture). Drops the last forward's context if the layer's block grows."""
+        self._err(_load().mokLayerReserve(self.handle, int(num_tokens), stream))
+        self.generation += 1
+
     def close(self):
-        """Collective. Frees the layer's device workspace (waits for its device)."""
+        """Collective. Frees the layer's device memory (waits for its device)."""
         if getattr(self, "_h", None):
             h, self._h = self._h, ctypes.c_void_p()
             self.comm._layers -= 1

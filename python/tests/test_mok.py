@@ -328,9 +328,9 @@ def moe_zero_tokens():
     check_layer(torch, "auto", "random", 0, seed=11)
 
 
-def small_layer(torch, impl="auto", seed=0, **kw):
+def small_layer(torch, impl="auto", seed=0, max_tokens=256, **kw):
     gen = torch.Generator().manual_seed(SEED * 7 + seed)
-    m = mok.MoE(max_tokens=256, impl=impl, **dict(SMALL, **kw))
+    m = mok.MoE(max_tokens=max_tokens, impl=impl, **dict(SMALL, **kw))
     with torch.no_grad():
         for p in m.parameters():
             p.copy_(torch.randn(p.shape, generator=gen) * 0.05)
@@ -353,6 +353,38 @@ def grads_of(torch, m, x, idx, w, d):
     out = m(x, idx, w)
     out.backward(d)
     return out, [x.grad, w.grad] + [p.grad.clone() for p in m.parameters()]
+
+
+@test
+def memory_follows_rows():
+    """The layer's device memory follows the rows of its passes, not max_tokens: a layer made
+    for 8192 tokens holds a few MiB after passes of 100 (two layers on one comm share the
+    scratch); Layer.reserve(8192) grows it to the worst case and drops the saved context, and
+    the next backward runs the forward again and gives the same gradients."""
+    torch = torch_gpu()
+    for impl in ("auto", "mega") if mega_ok(torch) else ("auto",):
+        m, gen = small_layer(torch, impl, seed=19, max_tokens=8192)
+        m2 = mok.MoE(max_tokens=8192, impl=impl, comm=m.comm, **SMALL)
+        own0, _ = m.layer.memory_info()
+        assert own0 < 1 << 20, "%s: a new layer holds %d bytes" % (impl, own0)
+        x, idx, w, d = inputs(torch, m, 100, gen)
+        out, want = grads_of(torch, m, x, idx, w, d)
+        grads_of(torch, m2, x, idx, w, d)
+        own, scratch = m.layer.memory_info()
+        assert own < 4 << 20 and 0 < scratch < 16 << 20, "%s: %d own, %d scratch bytes" % (impl, own, scratch)
+        assert m2.layer.memory_info()[1] == scratch, "the comm's layers share one scratch block"
+        xg, wg = x.clone().requires_grad_(), w.clone().requires_grad_()
+        for p in m.parameters():
+            p.grad = None
+        out2 = m(xg, idx, wg)
+        m.layer.reserve(8192)
+        assert m.layer.memory_info()[0] > 32 << 20, "%s: reserve(8192) left %d bytes" % (impl, m.layer.memory_info()[0])
+        out2.backward(d)  # (the forward again first: reserve dropped its context)
+        got = [xg.grad, wg.grad] + [p.grad for p in m.parameters()]
+        assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(got, want)), impl
+        m2.layer.close()
+        m.layer.close()
+        m.comm.close()
 
 
 @test
