@@ -516,6 +516,16 @@ mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t strea
  * scratch block its communicator's layers share. Either may be NULL. */
 mokResult_t mokLayerMemoryInfo(mokLayer_t layer, size_t *layer_bytes, size_t *comm_scratch_bytes);
 
+/* Host only (no GPU, no layer): the device memory a layer of `config` holds after passes of
+ * num_tokens tokens a rank, for impl (mokImplAuto = mokImplNccl; mokImplMega: one GPU, its
+ * rows bound), with each rank's routes spread evenly over the experts (worst = 0: what
+ * balanced routing gives, within a quarter of growth headroom) or the worst routing
+ * (worst = 1: what mokLayerReserve allocates).
+ * [OUT] layer_bytes: the layer's own (saved block and index arrays); [OUT]
+ * comm_scratch_bytes: its pass's scratch (the comm's block holds the largest layer's). */
+mokResult_t mokLayerMemoryEstimate(const mokConfig_t *config, mokImpl_t impl, int num_tokens, int worst,
+                                   size_t *layer_bytes, size_t *comm_scratch_bytes);
+
 /* Device twin of mokGenerateBf16 (bit-identical values) on the current device.
  * [OUT] dst: device memory [count]  [IN] stream */
 mokResult_t mokGenerateBf16Device(uint64_t seed, mokTensorKind_t kind, int64_t sub, int64_t first,

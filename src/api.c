@@ -3,6 +3,7 @@
  * layer handle. Host only.
  */
 #include "internal.h"
+#include "workspace.h"
 
 #include <math.h>
 #include <stdio.h>
@@ -163,6 +164,29 @@ mokResult_t mokLayerScheduleCapacity(mokLayer_t layer, int64_t *rows) {
   if (!layer) return mok_error(NULL, mokInvalidArgument, "mokLayerScheduleCapacity: layer is NULL");
   if (!rows) return mok_error(layer, mokInvalidArgument, "mokLayerScheduleCapacity: rows is NULL");
   *rows = layer->sched_capacity;
+  return mokSuccess;
+}
+
+mokResult_t mokLayerMemoryEstimate(const mokConfig_t *config, mokImpl_t impl, int num_tokens, int worst,
+                                   size_t *layer_bytes, size_t *comm_scratch_bytes) {
+  static const char fn[] = "mokLayerMemoryEstimate";
+  mok_clear_error();
+  mokConfig_t c;
+  MOK_CHECK(mok_config_validate(config, &c));
+  if (num_tokens < 0 || num_tokens > c.max_tokens)
+    return mok_error(NULL, mokInvalidArgument, "%s: num_tokens %d is outside [0, max_tokens %d]", fn, num_tokens,
+                     c.max_tokens);
+  if (impl == mokImplAuto) impl = mokImplNccl;
+  if (impl != mokImplNccl && impl != mokImplBaseline && impl != mokImplMega)
+    return mok_error(NULL, mokInvalidArgument, "%s: impl %d is not built", fn, (int)impl);
+  if (impl == mokImplMega && c.num_ranks != 1)
+    return mok_error(NULL, mokNotSupported, "%s: mokImplMega runs on one GPU so far (num_ranks %d)", fn, c.num_ranks);
+  const int64_t recv = (worst ? c.num_ranks : 1) * (int64_t)num_tokens * c.topk;
+  /* mokImplMega: the scratch of a shared expert on cuBLAS is the larger; its rows are the bound */
+  const mok_pass_shape p = impl == mokImplMega ? mok_shape_mega(&c, num_tokens, 0)
+                                               : mok_shape_spread(&c, impl, num_tokens, recv, worst);
+  if (layer_bytes) *layer_bytes = mok_layer_fixed_bytes(&c) + mok_layout_saved(&c, &p, NULL);
+  if (comm_scratch_bytes) *comm_scratch_bytes = mok_scratch_need(&c, &p);
   return mokSuccess;
 }
 

@@ -45,6 +45,7 @@
 /* The forward's count exchange: E route counts, then CNT_BAD (error flag), CNT_TOKENS,
  * CNT_SAVED_MIB, CNT_SCRATCH_MIB (what the rank's row blocks hold: layout_saved). */
 enum { CNT_BAD, CNT_TOKENS, CNT_SAVED_MIB, CNT_SCRATCH_MIB, CNT_EXTRA };
+static_assert(CNT_EXTRA == 4, "mok_layer_fixed_bytes (workspace.c) counts E + 4 ints an exchange");
 
 struct mok_gpu_layer {
   int device;
@@ -602,7 +603,7 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     }
     total += dev[i].bytes;
   }
-  g->fixed_bytes = total + 4 * (size_t)(T * k + 1) + 4 * (size_t)cap + 4 * (size_t)(2 * El + 1);
+  g->fixed_bytes = mok_layer_fixed_bytes(c); /* (the arrays above and d_route_row, d_row_tok, d_seg below) */
   struct { void **p; size_t bytes; } host[] = {
       {(void **)&g->h_idx, 4 * (size_t)(T * k + 1)}, {(void **)&g->h_pos, 4 * (size_t)(T * k + 1)},
       {(void **)&g->h_cnt, 4 * (size_t)(E + CNT_EXTRA)}, {(void **)&g->h_cnt_all, 4 * (size_t)(N * (E + CNT_EXTRA))},
@@ -785,84 +786,41 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
 /* ---- forward ------------------------------------------------------------------------- */
 /* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
 /* ---- the row buffers of a pass (workspace.h) ------------------------------------------ */
-/* What a pass's row buffers depend on: its forward's padded rows R, the rows it received,
- * its routes (rows in send order) and tokens, and the path. */
-typedef struct {
-  int64_t rows, recv, routes, tokens;
-  mokImpl_t impl;      /* resolved: mokImplMega, mokImplNccl or mokImplBaseline */
-  int shared_in;       /* mokImplMega runs the shared expert in its launch */
-} pass_shape;
+typedef mok_pass_shape pass_shape;
 
-/* Buffers carved one after another from a block, each 256-byte aligned; base NULL only
- * adds up the bytes (the fields are left alone). */
-typedef struct { char *base; size_t off; } carve_t;
-static void *carve(carve_t *c, int64_t elems, size_t esz) {
-  const size_t bytes = (size_t)elems * esz;
-  if (!bytes) return NULL;
-  void *p = c->base ? c->base + c->off : NULL;
-  c->off += (bytes + 255) & ~(size_t)255;
-  return p;
-}
-#define CARVE(cv, field, elems)                                       \
-  do {                                                                \
-    void *p_ = carve((cv), (elems), sizeof *g->field);                \
-    if ((cv)->base) g->field = (decltype(g->field))p_;                \
-  } while (0)
+static void *at_off(void *base, size_t off) { return off == MOK_LAYOUT_NONE ? NULL : (char *)base + off; }
 
-/* The layer's saved block: what the backward reads. */
-static size_t layout_saved(mokLayer_t l, const pass_shape *p, char *base) {
-  const mokConfig_t *c = &l->cfg;
+/* The layer's saved block (what the backward reads): sizes, and with base the pointers. */
+static size_t layout_saved(mokLayer_t l, const pass_shape *p, void *base) {
   struct mok_gpu_layer *g = l->gpu;
-  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
-  carve_t cv = {base, 0};
-  CARVE(&cv, xg, R * H);
-  CARVE(&cv, gu, R * 2 * I);
-  CARVE(&cv, act, R * I);
-  if (p->impl == mokImplMega) CARVE(&cv, yp, R * H); /* (y: its backward reads it in place) */
-  else CARVE(&cv, yret, p->routes * H);
-  CARVE(&cv, s_gu, T64 * 2 * Is);
-  CARVE(&cv, s_act, T64 * Is);
-  return cv.off;
+  size_t o[MOK_SV_NUM];
+  const size_t bytes = mok_layout_saved(&l->cfg, p, o);
+  if (base) {
+    g->xg = (mokBf16 *)at_off(base, o[MOK_SV_XG]), g->gu = (mokBf16 *)at_off(base, o[MOK_SV_GU]);
+    g->act = (mokBf16 *)at_off(base, o[MOK_SV_ACT]), g->yret = (mokBf16 *)at_off(base, o[MOK_SV_YRET]);
+    g->s_gu = (mokBf16 *)at_off(base, o[MOK_SV_SGU]), g->s_act = (mokBf16 *)at_off(base, o[MOK_SV_SACT]);
+    if (p->impl == mokImplMega) g->yp = (mokBf16 *)at_off(base, o[MOK_SV_YP]);
+  }
+  return bytes;
 }
 
 /* The communicator's scratch block: what one forward (backward = 0) or backward uses. */
-static size_t layout_scratch(mokLayer_t l, const pass_shape *p, int backward, char *base) {
-  const mokConfig_t *c = &l->cfg;
+static size_t layout_scratch(mokLayer_t l, const pass_shape *p, int backward, void *base) {
   struct mok_gpu_layer *g = l->gpu;
-  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
-  const int64_t wide = I > H ? I : H, swide = Is > H ? Is : H;
-  const int clamp = c->swiglu_limit > 0, mega = p->impl == mokImplMega;
-  carve_t cv = {base, 0};
+  size_t o[MOK_SC_NUM];
+  const size_t bytes = mok_layout_scratch(&l->cfg, p, backward, o);
   if (base) {
-    g->send = g->recv = g->dgu = g->s_y = g->s_dgu = NULL;
-    g->gu32 = g->f32 = g->s_gu32 = g->s_f32 = NULL;
-    if (!mega) g->yp = NULL;
+    g->send = (mokBf16 *)at_off(base, o[MOK_SC_SEND]), g->recv = (mokBf16 *)at_off(base, o[MOK_SC_RECV]);
+    g->gu32 = (float *)at_off(base, o[MOK_SC_GU32]), g->s_y = (mokBf16 *)at_off(base, o[MOK_SC_SY]);
+    g->s_gu32 = (float *)at_off(base, o[MOK_SC_SGU32]), g->f32 = (float *)at_off(base, o[MOK_SC_F32]);
+    g->dgu = (mokBf16 *)at_off(base, o[MOK_SC_DGU]), g->s_f32 = (float *)at_off(base, o[MOK_SC_SF32]);
+    g->s_dgu = (mokBf16 *)at_off(base, o[MOK_SC_SDGU]);
+    if (p->impl != mokImplMega) g->yp = (mokBf16 *)at_off(base, o[MOK_SC_YP]);
   }
-  if (!mega) {
-    CARVE(&cv, send, p->routes * H);
-    CARVE(&cv, recv, p->recv * H);
-    CARVE(&cv, yp, R * H);
-  }
-  if (!backward) {
-    if (p->impl == mokImplBaseline && clamp) CARVE(&cv, gu32, R * 2 * I);
-    if (Is) CARVE(&cv, s_y, T64 * H);
-    if (Is && clamp && !p->shared_in) CARVE(&cv, s_gu32, T64 * 2 * Is);
-  } else {
-    CARVE(&cv, f32, R * wide);
-    CARVE(&cv, dgu, R * 2 * I);
-    if (Is) CARVE(&cv, s_f32, T64 * swide);
-    if (Is) CARVE(&cv, s_dgu, T64 * 2 * Is);
-  }
-  return cv.off;
+  return bytes;
 }
-#undef CARVE
 
-/* The scratch a forward reserves: its own and its backward's, so that the backward never
- * grows the block (and so never has to tell its peers that it could not). */
-static size_t scratch_need(mokLayer_t l, const pass_shape *p) {
-  const size_t f = layout_scratch(l, p, 0, NULL), b = layout_scratch(l, p, 1, NULL);
-  return f > b ? f : b;
-}
+static size_t scratch_need(mokLayer_t l, const pass_shape *p) { return mok_scratch_need(&l->cfg, p); }
 
 /* The shape of rank s's forward (NCCL paths), from the exchanged counts every rank holds. */
 static pass_shape rank_shape(mokLayer_t l, int s, mokImpl_t impl) {
@@ -884,17 +842,8 @@ static pass_shape rank_shape(mokLayer_t l, int s, mokImpl_t impl) {
   return p;
 }
 
-/* The shape of a mokImplMega forward of T tokens (one rank: every route is local): R bounds
- * the device schedule's padded rows, sum_e ceil(n_e / P) P <= T k + E_l (P - 1). */
-static pass_shape mega_shape(mokLayer_t l, int T, int shared_in) {
-  const int64_t P = l->cfg.row_pad;
-  pass_shape p;
-  memset(&p, 0, sizeof p);
-  p.impl = mokImplMega, p.shared_in = shared_in, p.tokens = T, p.routes = (int64_t)T * l->cfg.topk;
-  p.rows = mok_round_up(p.routes + (int64_t)l->local_experts * (P - 1), P);
-  if (p.rows < P) p.rows = P;
-  return p;
-}
+/* The shape of a mokImplMega forward of T tokens (one rank: every route is local). */
+static pass_shape mega_shape(mokLayer_t l, int T, int shared_in) { return mok_shape_mega(&l->cfg, T, shared_in); }
 
 /* Makes the blocks hold pass p's buffers and carves them: a forward (backward = 0) the
  * saved block and the scratch of both passes; a backward the scratch it uses. */
@@ -1511,18 +1460,12 @@ extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_
     return mok_error(l, mokInvalidArgument, "%s: num_tokens %d is outside [0, max_tokens %d]", fn, num_tokens,
                      l->cfg.max_tokens);
   struct mok_gpu_layer *g = l->gpu;
-  const int64_t N = l->cfg.num_ranks, k = l->cfg.topk, P = l->cfg.row_pad;
+  const int64_t N = l->cfg.num_ranks, k = l->cfg.topk;
   /* the worst routing: every route of every rank on this rank's experts */
-  pass_shape sh[4];
-  memset(sh, 0, sizeof sh);
-  sh[0] = mega_shape(l, num_tokens, 0);
-  sh[1] = mega_shape(l, num_tokens, 1);
-  for (int q = 2; q < 4; q++) {
-    sh[q].impl = q == 2 ? mokImplNccl : mokImplBaseline;
-    sh[q].tokens = num_tokens, sh[q].routes = (int64_t)num_tokens * k, sh[q].recv = N * num_tokens * k;
-    sh[q].rows = mok_round_up(sh[q].recv + (int64_t)l->local_experts * (P - 1), P);
-    if (sh[q].rows < P) sh[q].rows = P;
-  }
+  const int64_t worst = N * num_tokens * k;
+  const pass_shape sh[4] = {mega_shape(l, num_tokens, 0), mega_shape(l, num_tokens, 1),
+                            mok_shape_spread(&l->cfg, mokImplNccl, num_tokens, worst, 1),
+                            mok_shape_spread(&l->cfg, mokImplBaseline, num_tokens, worst, 1)};
   size_t saved = 0, scratch = 0;
   for (int q = 0; q < 4; q++) {
     const size_t a = layout_saved(l, &sh[q], NULL), b = scratch_need(l, &sh[q]);

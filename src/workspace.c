@@ -105,3 +105,78 @@ void mok_devbuf_free(mok_devbuf *b) {
   if (b->ev) cudaEventDestroy(b->ev);
   b->ptr = NULL, b->bytes = 0, b->retired_bytes = 0, b->ev = NULL, b->ev_live = 0, b->captured = 0;
 }
+
+/* ---- layouts ------------------------------------------------------------------------- */
+static size_t take(size_t *off, int q, size_t *at, int64_t elems, size_t esz) {
+  const size_t bytes = elems > 0 ? (size_t)elems * esz : 0;
+  if (off) off[q] = bytes ? *at : MOK_LAYOUT_NONE;
+  *at += (bytes + 255) & ~(size_t)255;
+  return bytes;
+}
+
+size_t mok_layout_saved(const mokConfig_t *c, const mok_pass_shape *p, size_t off[MOK_SV_NUM]) {
+  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
+  const int mega = p->impl == mokImplMega;
+  size_t at = 0;
+  take(off, MOK_SV_XG, &at, R * H, 2);
+  take(off, MOK_SV_GU, &at, R * 2 * I, 2);
+  take(off, MOK_SV_ACT, &at, R * I, 2);
+  take(off, MOK_SV_YP, &at, mega ? R * H : 0, 2);            /* (y: its backward reads it in place) */
+  take(off, MOK_SV_YRET, &at, mega ? 0 : p->routes * H, 2);  /* (y in send order) */
+  take(off, MOK_SV_SGU, &at, T64 * 2 * Is, 2);
+  take(off, MOK_SV_SACT, &at, T64 * Is, 2);
+  return at;
+}
+
+size_t mok_layout_scratch(const mokConfig_t *c, const mok_pass_shape *p, int backward, size_t off[MOK_SC_NUM]) {
+  const int64_t H = c->hidden, I = c->inter, Is = c->shared_inter, R = p->rows, T64 = (p->tokens + 63) / 64 * 64;
+  const int64_t swide = Is > H ? Is : H;
+  const int clamp = c->swiglu_limit > 0, mega = p->impl == mokImplMega, cublas = p->impl == mokImplBaseline;
+  const int fwd = !backward, bwd = backward;
+  size_t at = 0;
+  take(off, MOK_SC_SEND, &at, mega ? 0 : p->routes * H, 2);
+  take(off, MOK_SC_RECV, &at, mega ? 0 : p->recv * H, 2);
+  take(off, MOK_SC_YP, &at, mega ? 0 : R * H, 2);
+  take(off, MOK_SC_GU32, &at, fwd && cublas && clamp ? R * 2 * I : 0, 4);
+  take(off, MOK_SC_SY, &at, fwd ? T64 * H * (Is > 0) : 0, 2);
+  take(off, MOK_SC_SGU32, &at, fwd && Is && clamp && !p->shared_in ? T64 * 2 * Is : 0, 4);
+  /* dA then dX in fp32 (cuBLAS), or mok's bf16 dX rows */
+  take(off, MOK_SC_F32, &at, !bwd ? 0 : cublas ? R * (I > H ? I : H) : (R * H + 1) / 2, 4);
+  take(off, MOK_SC_DGU, &at, bwd ? R * 2 * I : 0, 2);
+  take(off, MOK_SC_SF32, &at, bwd && Is ? T64 * swide : 0, 4);
+  take(off, MOK_SC_SDGU, &at, bwd && Is ? T64 * 2 * Is : 0, 2);
+  return at;
+}
+
+size_t mok_scratch_need(const mokConfig_t *c, const mok_pass_shape *p) {
+  const size_t f = mok_layout_scratch(c, p, 0, NULL), b = mok_layout_scratch(c, p, 1, NULL);
+  return f > b ? f : b;
+}
+
+static int64_t round_up(int64_t x, int64_t m) { return (x + m - 1) / m * m; }
+
+mok_pass_shape mok_shape_mega(const mokConfig_t *c, int64_t tokens, int shared_in) {
+  const int64_t P = c->row_pad, El = c->num_experts / c->num_ranks;
+  mok_pass_shape p = {0, 0, 0, 0, mokImplMega, 0};
+  p.shared_in = shared_in, p.tokens = tokens, p.routes = tokens * c->topk;
+  p.rows = round_up(p.routes + El * (P - 1), P);
+  if (p.rows < P) p.rows = P;
+  return p;
+}
+
+mok_pass_shape mok_shape_spread(const mokConfig_t *c, mokImpl_t impl, int64_t tokens, int64_t recv, int worst) {
+  const int64_t P = c->row_pad, El = c->num_experts / c->num_ranks;
+  mok_pass_shape p = {0, 0, 0, 0, impl, 0};
+  p.tokens = tokens, p.routes = tokens * c->topk, p.recv = recv;
+  p.rows = worst ? round_up(recv + El * (P - 1), P) : El * round_up((recv + El - 1) / El, P);
+  if (p.rows < P) p.rows = P;
+  return p;
+}
+
+size_t mok_layer_fixed_bytes(const mokConfig_t *c) {
+  const int64_t N = c->num_ranks, E = c->num_experts, El = E / N, T = c->max_tokens, k = c->topk, P = c->row_pad;
+  const int64_t cap = round_up(N * T * k + El * (P - 1), P); /* (the schedule's capacity) */
+  /* counts and their exchange, send positions, row map, refusal flags, route rows, row
+   * tokens, segments (see gpu_alloc) */
+  return 4 * (size_t)((E + 4) * (N + 1) + T * k + cap + (N + 1) + (T * k + 1) + cap + (2 * El + 1));
+}

@@ -30,6 +30,7 @@
 
 #include <cuda_runtime.h>
 #include <stddef.h>
+#include <stdint.h>
 
 #ifdef __cplusplus
 extern "C" {
@@ -62,6 +63,41 @@ void mok_devbuf_done(mok_devbuf *b, cudaStream_t st);
 size_t mok_devbuf_held(const mok_devbuf *b);
 /* Frees every block of b; the caller has synchronised the device. */
 void mok_devbuf_free(mok_devbuf *b);
+
+/* ---- the layouts (host only; used by the layer and by mokLayerMemoryEstimate) ---------- */
+/* What a pass's row buffers depend on. */
+typedef struct mok_pass_shape {
+  int64_t rows;    /* padded rows R of the forward (>= row_pad) */
+  int64_t recv;    /* rows received (NCCL paths) */
+  int64_t routes;  /* rows in send order (NCCL paths: the routes that are not -1) */
+  int64_t tokens;  /* T */
+  mokImpl_t impl;  /* resolved: mokImplMega, mokImplNccl or mokImplBaseline */
+  int shared_in;   /* mokImplMega runs the shared expert as tiles of its launch */
+} mok_pass_shape;
+
+/* The saved block's buffers, then the scratch block's, in carve order (each 256-byte
+ * aligned); an offset MOK_LAYOUT_NONE = the pass has no such buffer. */
+enum { MOK_SV_XG, MOK_SV_GU, MOK_SV_ACT, MOK_SV_YP, MOK_SV_YRET, MOK_SV_SGU, MOK_SV_SACT, MOK_SV_NUM };
+enum {
+  MOK_SC_SEND, MOK_SC_RECV, MOK_SC_YP, MOK_SC_GU32, MOK_SC_SY, MOK_SC_SGU32, MOK_SC_F32, MOK_SC_DGU, MOK_SC_SF32,
+  MOK_SC_SDGU, MOK_SC_NUM
+};
+#define MOK_LAYOUT_NONE ((size_t)-1)
+
+/* Bytes of the saved block of pass p (config c: validated); off (or NULL) gets the offsets. */
+size_t mok_layout_saved(const mokConfig_t *c, const mok_pass_shape *p, size_t off[MOK_SV_NUM]);
+/* Bytes of the scratch a forward (backward = 0) or backward of p uses; off as above. */
+size_t mok_layout_scratch(const mokConfig_t *c, const mok_pass_shape *p, int backward, size_t off[MOK_SC_NUM]);
+/* The scratch a forward reserves: its own and its backward's (a backward never grows it). */
+size_t mok_scratch_need(const mokConfig_t *c, const mok_pass_shape *p);
+/* Shapes: mokImplMega's forward of T tokens on one rank (its rows bound: T k + E_l (P - 1));
+ * a pass of `impl` where this rank receives `recv` routes spread evenly over its E_l experts
+ * (balanced: recv = T k; the worst routing: recv = N T k, in one expert's segment or not,
+ * the padding bound is the same). */
+mok_pass_shape mok_shape_mega(const mokConfig_t *c, int64_t tokens, int shared_in);
+mok_pass_shape mok_shape_spread(const mokConfig_t *c, mokImpl_t impl, int64_t tokens, int64_t recv, int worst);
+/* Device bytes of a layer's index arrays (made at create; the layer's fixed part). */
+size_t mok_layer_fixed_bytes(const mokConfig_t *c);
 
 #ifdef __cplusplus
 }

@@ -215,3 +215,40 @@ MOK_TEST(api_gpu_entry_points_validate_on_host) {
   mokComm_t comms[2] = {0};
   CHECK_STATUS(mokLocalCommsCreate(0, NULL, NULL, comms), mokInvalidArgument);
 }
+
+/* mokLayerMemoryEstimate: host only. The layer's rows follow the routes: under the worst
+ * routing at EP8 a layer needs N times the rows of an even spread (and its memory grows about
+ * so), every size grows with the tokens, one GPU's even and worst are the same (every route is
+ * local), and mokImplMega's rows are its bound T k + E_l (P - 1). Bad arguments are refused. */
+MOK_TEST(api_memory_estimate) {
+  mokConfig_t c = MOK_CONFIG_INITIALIZER;
+  CHECK_OK(mokConfigSetModel(&c, "glm-5.2"));
+  c.num_ranks = 8, c.max_tokens = 8192;
+  size_t own[2], scr[2], own_half, scr_half;
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplNccl, 8192, 0, &own[0], &scr[0]));
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplNccl, 8192, 1, &own[1], &scr[1]));
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplNccl, 4096, 0, &own_half, &scr_half));
+  const double G = 1073741824.0;
+  /* even: X, [g|u], a of T k = 65536 rows (+ padding) and y in send order: ~2.3 GiB */
+  CHECK_MSG(own[0] > 2.0 * G && own[0] < 2.8 * G, "%g GiB", own[0] / G);
+  CHECK_MSG(own[1] > 3.5 * own[0] && scr[1] > 3.5 * scr[0], "worst %g / %g, even %g / %g", own[1] / G, scr[1] / G,
+            own[0] / G, scr[0] / G);
+  CHECK(own_half < own[0] && scr_half < scr[0] && own_half > own[0] / 3);
+  size_t b0 = 0, b1 = 0;
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplBaseline, 8192, 0, &b0, &b1));
+  CHECK_MSG(b1 > scr[0], "cuBLAS's fp32 dA / dX rows make its scratch larger: %zu vs %zu", b1, scr[0]);
+  c.num_ranks = 1;
+  size_t m[4];
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplMega, 1000, 0, &m[0], &m[1]));
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplMega, 1000, 1, &m[2], &m[3]));
+  CHECK(m[0] == m[2] && m[1] == m[3]);
+  const double rows = 1000.0 * c.topk + 256 * 63 + 64, per_row = 2.0 * (2 * c.hidden + 3 * c.inter);
+  CHECK_MSG(m[0] > (rows - 128) * per_row && m[0] < rows * per_row + 64e6, "mega: %zu bytes", m[0]);
+  CHECK_STATUS(mokLayerMemoryEstimate(NULL, mokImplNccl, 16, 0, &m[0], &m[1]), mokInvalidArgument);
+  CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplNccl, -1, 0, &m[0], &m[1]), mokInvalidArgument);
+  CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplNccl, 8193, 0, &m[0], &m[1]), mokInvalidArgument);
+  CHECK_STATUS(mokLayerMemoryEstimate(&c, (mokImpl_t)77, 16, 0, &m[0], &m[1]), mokInvalidArgument);
+  c.num_ranks = 2;
+  CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplMega, 16, 0, &m[0], &m[1]), mokNotSupported);
+}
+

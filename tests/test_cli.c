@@ -51,6 +51,11 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench layer --impl magic", "--impl 'magic' is not built (auto, nccl, baseline, mega)"},
       {"bench layer --impl nccl,cpu", "--impl 'cpu' is not built"},
       {"bench layer --routing sideways", "bad --routing"},
+      {"memory --gpus 0", "--gpus takes 1..1024"},
+      {"memory --impl magic", "--impl takes auto"},
+      {"memory --model nope", "unknown model 'nope'"},
+      {"memory --gpus 8 --impl mega", "mokImplMega runs on one GPU so far"},
+      {"memory --layers", "needs a value"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = run_cli(cases[i].args, out, sizeof out);
@@ -258,3 +263,29 @@ MOK_TEST(cli_info) {
   CHECK_MSG(run_cli("info", out, sizeof out) == 0, "%s", out);
   CHECK(strstr(out, "mok 0.") && strstr(out, "NCCL") && strstr(out, "GPUs"));
 }
+
+/* `mok memory` prints, for each model, the layer's and the scratch's GiB (even and worst
+ * routing) computed from the layouts; --layers adds the total. The numbers must be what
+ * mokLayerMemoryEstimate says. */
+MOK_TEST(cli_memory) {
+  NEED_CLI();
+  static char out[1 << 16];
+  CHECK_MSG(run_cli("memory --model kimi-k2.7-code,qwen3.5-397b-a17b --gpus 8 --tokens 4096 --layers 60", out,
+                    sizeof out) == 0, "%s", out);
+  const char *line = strstr(out, "\nkimi-k2.7-code");
+  CHECK_MSG(line && strstr(out, "\nqwen3.5-397b-a17b") && strstr(out, "total of the layers"), "%s", out);
+  double own = 0, scr = 0, own_w = 0, scr_w = 0, tot = 0, tot_w = 0;
+  CHECK_MSG(sscanf(line + 1, "kimi-k2.7-code %lf %lf %lf %lf %lf / %lf", &own, &scr, &own_w, &scr_w, &tot, &tot_w) == 6,
+            "%s", out);
+  mokConfig_t c = MOK_CONFIG_INITIALIZER;
+  CHECK_OK(mokConfigSetModel(&c, "kimi-k2.7-code"));
+  c.num_ranks = 8, c.max_tokens = 4096;
+  size_t b[4];
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplAuto, 4096, 0, &b[0], &b[1]));
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplAuto, 4096, 1, &b[2], &b[3]));
+  const double G = 1073741824.0, got[4] = {own, scr, own_w, scr_w};
+  for (int q = 0; q < 4; q++) CHECK_MSG(fabs(got[q] - b[q] / G) < 0.006, "column %d: %g vs %g GiB", q, got[q], b[q] / G);
+  CHECK_MSG(fabs(tot - (60 * b[0] + b[1]) / G) < 0.06, "total %g", tot);
+  CHECK(run_cli("memory --help", out, sizeof out) == 0 && strstr(out, "mokLayerReserve"));
+}
+

@@ -579,6 +579,7 @@ MOK_GPU_TEST(layer_refuses_misaligned_tokens_1gpu, 1) {
 typedef struct {
   gpu_case *a, *b;
   size_t own_created[MAXR], scratch_created[MAXR], own_few[MAXR], own[MAXR], scratch[MAXR], own_reserved[MAXR];
+  size_t own_b[MAXR]; /* layer B after its one forward and backward */
   mokResult_t after_reserve[MAXR];
 } pair_case;
 
@@ -603,6 +604,7 @@ static mokResult_t rank_pair(mokComm_t comm, int s, void *arg) {
   cudaStreamSynchronize(st);
   cudaStreamSynchronize(st2);
   if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own[s], &p->scratch[s]);
+  if (rc == mokSuccess) rc = mokLayerMemoryInfo(p->b->layer[s], &p->own_b[s], NULL);
   if (rc == mokSuccess) rc = mokLayerReserve(la, 8192, st);
   if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own_reserved[s], NULL);
   if (rc == mokSuccess) {
@@ -641,6 +643,14 @@ static void memory_follows_rows(test_ctx *t, int N) {
                 "tokens to %d (%zu, then %zu bytes)", p.a->T[s], p.own_few[s], p.own[s]);
       CHECK_MSG(p.own_reserved[s] > ((size_t)59 << 20), "impl %d: mokLayerReserve(8192) left %zu bytes",
                 (int)impls[ii], p.own_reserved[s]);
+      /* mokLayerMemoryEstimate: B's block as computed (mokImplMega: exactly, its rows are the
+         bound; the others: within the worst routing's), up to the 64 KiB granularity */
+      size_t est = 0, est_w = 0;
+      CHECK_OK(mokLayerMemoryEstimate(&p.b->cfg, impls[ii], p.b->T[s], 0, &est, NULL));
+      CHECK_OK(mokLayerMemoryEstimate(&p.b->cfg, impls[ii], p.b->T[s], 1, &est_w, NULL));
+      CHECK_MSG(impls[ii] == mokImplMega ? p.own_b[s] >= est && p.own_b[s] < est + (64 << 10)
+                                         : p.own_b[s] <= est_w + (64 << 10),
+                "impl %d: layer B holds %zu bytes, estimated %zu (worst %zu)", (int)impls[ii], p.own_b[s], est, est_w);
       CHECK_MSG(p.after_reserve[s] == mokInvalidUsage, "impl %d: a backward after mokLayerReserve grew the block: %d",
                 (int)impls[ii], (int)p.after_reserve[s]);
     }

@@ -3,6 +3,7 @@
  *
  *   mok info                     version, CUDA devices, NCCL version, peer access
  *   mok run [options]            forward + backward of one layer on all ranks
+ *   mok memory [options]         device memory a layer needs (computed; no GPU)
  *   mok bench gemm|comm [...]    benchmarks (tools/bench_*.cu)
  *
  * Exit codes: 0 ok; 1 a run failed or a result was wrong; 2 bad usage.
@@ -447,12 +448,77 @@ static int cmd_bench(int argc, char **argv) {
   return usage_error("bench", "unknown benchmark '%s' (layer, gemm, comm or stream)", argv[1]);
 }
 
+/* ---- mok memory ---------------------------------------------------------------- */
+static int cmd_memory(int argc, char **argv) {
+  const char *models_s = "kimi-k2.7-code,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro", *impl_s = "auto";
+  int gpus = 8, tokens = 8192, layers = 0;
+  for (int i = 1; i < argc; i++) {
+    const char *a = argv[i];
+    if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
+      printf("usage: mok memory [--model A,B,..] [--gpus N] [--tokens T] [--layers L] [--impl auto|nccl|baseline|mega]\n"
+             "  The device memory one GPU of an EP group of N GPUs needs for a layer whose passes have T\n"
+             "  tokens a rank (computed from the layer's layouts, mokLayerMemoryEstimate; no GPU needed):\n"
+             "  the layer's own (the rows its backward reads, index arrays) and the scratch one pass\n"
+             "  uses, which the layers of one communicator share; with routes spread evenly over the\n"
+             "  experts and under the worst routing (every route on this rank: mokLayerReserve's size).\n"
+             "  --layers L adds the total of L such layers on one communicator.\n"
+             "  Defaults: the four published models, --gpus 8, --tokens 8192, --impl auto.\n");
+      return 0;
+    }
+    if (i + 1 >= argc) return usage_error("memory", "option %s needs a value", a);
+    const char *v = argv[++i];
+    char *end = NULL;
+    long n = strtol(v, &end, 10);
+    int is_num = end != v && !*end;
+    if (!strcmp(a, "--model")) models_s = v;
+    else if (!strcmp(a, "--impl")) impl_s = v;
+    else if (!strcmp(a, "--gpus")) { if (!is_num || n < 1 || n > 1024) return usage_error("memory", "--gpus takes 1..1024, not '%s'", v); gpus = (int)n; }
+    else if (!strcmp(a, "--tokens")) { if (!is_num || n < 0 || n > (1L << 24)) return usage_error("memory", "--tokens takes 0..16777216, not '%s'", v); tokens = (int)n; }
+    else if (!strcmp(a, "--layers")) { if (!is_num || n < 0 || n > 100000) return usage_error("memory", "--layers takes 0..100000, not '%s'", v); layers = (int)n; }
+    else return usage_error("memory", "unknown option '%s'", a);
+  }
+  mokImpl_t impl;
+  if (!strcmp(impl_s, "auto")) impl = mokImplAuto;
+  else if (!strcmp(impl_s, "nccl")) impl = mokImplNccl;
+  else if (!strcmp(impl_s, "baseline")) impl = mokImplBaseline;
+  else if (!strcmp(impl_s, "mega")) impl = mokImplMega;
+  else return usage_error("memory", "--impl takes auto, nccl, baseline or mega, not '%s'", impl_s);
+  const double G = 1073741824.0;
+  printf("device memory a GPU needs per MoE layer: EP over %d GPU(s), %d tokens a rank, impl %s (GiB)\n", gpus, tokens,
+         impl_s);
+  printf("%-20s %12s %12s %12s %12s%s\n", "model", "layer", "scratch", "layer worst", "scratch worst",
+         layers ? "  total of the layers (even / worst)" : "");
+  char buf[512];
+  snprintf(buf, sizeof buf, "%s", models_s);
+  int bad = 0;
+  for (char *save = NULL, *m = strtok_r(buf, ",", &save); m; m = strtok_r(NULL, ",", &save)) {
+    mokConfig_t c = MOK_CONFIG_INITIALIZER;
+    size_t own = 0, scr = 0, own_w = 0, scr_w = 0;
+    mokResult_t rc = mokConfigSetModel(&c, m);
+    if (rc == mokSuccess) {
+      c.num_ranks = gpus, c.max_tokens = tokens > 0 ? tokens : 1;
+      rc = mokLayerMemoryEstimate(&c, impl, tokens, 0, &own, &scr);
+      if (rc == mokSuccess) rc = mokLayerMemoryEstimate(&c, impl, tokens, 1, &own_w, &scr_w);
+    }
+    if (rc != mokSuccess) {
+      fprintf(stderr, "mok memory: %s: %s\n", m, mokGetLastError());
+      bad = 2;
+      continue;
+    }
+    printf("%-20s %12.2f %12.2f %12.2f %12.2f", m, own / G, scr / G, own_w / G, scr_w / G);
+    if (layers) printf("  %.1f / %.1f", (layers * (double)own + scr) / G, (layers * (double)own_w + scr_w) / G);
+    printf("\n");
+  }
+  return bad;
+}
+
 int main(int argc, char **argv) {
   if (argc < 2 || !strcmp(argv[1], "--help") || !strcmp(argv[1], "-h") || !strcmp(argv[1], "help")) {
     printf("usage: mok <command> [options]\n"
            "  info    version, GPUs, NCCL, peer access\n"
            "  run     forward + backward of one MoE layer on generated data (default: the CPU\n"
            "          reference where no GPU implementation applies)\n"
+           "  memory  device memory a layer needs per GPU (computed, no GPU needed)\n"
            "  bench   benchmarks: layer, gemm, comm, stream\n"
            "'mok <command> --help' describes each.\n");
     return argc < 2 ? 2 : 0;
@@ -460,6 +526,7 @@ int main(int argc, char **argv) {
   if (!strcmp(argv[1], "info")) return cmd_info(argc - 1, argv + 1);
   if (!strcmp(argv[1], "run")) return cmd_run(argc - 1, argv + 1);
   if (!strcmp(argv[1], "bench")) return cmd_bench(argc - 1, argv + 1);
-  fprintf(stderr, "mok: unknown command '%s' (info, run, bench; see 'mok --help')\n", argv[1]);
+  if (!strcmp(argv[1], "memory")) return cmd_memory(argc - 1, argv + 1);
+  fprintf(stderr, "mok: unknown command '%s' (info, run, memory, bench; see 'mok --help')\n", argv[1]);
   return 2;
 }
