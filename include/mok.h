@@ -470,6 +470,8 @@ typedef enum mokImpl {
  *     drops (send / receive rows, fp32 partials, [dG|dU]). Passes of layers of one comm are
  *     ordered through it: a pass on another stream than the last one waits for it (an
  *     event), so two layers of one comm never overlap, whatever their streams.
+ * Host threads: the block's bookkeeping is not locked, so issue the passes of one comm's
+ * layers from one host thread at a time (as an autograd engine does).
  * At EP8 with balanced routing that is about 1/N of the old worst-case workspace
  * (docs/MEGAKERNEL.md, "Device memory per layer"). A block cannot grow while the stream
  * captures a CUDA graph (mokInvalidUsage): run one pass of that size first, or mokLayerReserve.

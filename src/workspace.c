@@ -32,9 +32,13 @@ static void block_free(void *p, cudaStream_t st, int pools) {
 mokResult_t mok_devbuf_reserve(struct mokLayer *l, mok_devbuf *b, size_t bytes, cudaStream_t st, const char *fn,
                                const char *what) {
   enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
-  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess) {
+  cudaError_t qe = cudaStreamIsCapturing(st, &cs);
+  if (qe != cudaSuccess) {
     cudaGetLastError();
-    return mok_error(l, mokInvalidArgument, "%s: the stream is not a valid CUDA stream", fn);
+    return mok_error(l, qe == cudaErrorStreamCaptureImplicit ? mokInvalidUsage : mokInvalidArgument,
+                     "%s: cannot ask the stream whether it captures a CUDA graph: %s%s", fn, cudaGetErrorString(qe),
+                     qe == cudaErrorStreamCaptureImplicit ? " (another thread captures in global mode: pass a "
+                     "stream of your own, not the legacy default stream)" : "");
   }
   const int capturing = cs != cudaStreamCaptureStatusNone;
   if (!capturing && b->ev_live && b->last != st && cudaStreamWaitEvent(st, b->ev, 0) != cudaSuccess) {

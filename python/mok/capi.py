@@ -112,6 +112,7 @@ def _declare(lib):
         "mokLayerBackward": ([V, I, P(_RankInput), P(_RankWeights), V, P(_RankGrads), V], I),
         "mokLayerReserve": ([V, I, V], I),
         "mokLayerMemoryInfo": ([V, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
+        "mokLayerMemoryEstimate": ([P(_Config), I, I, I, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokCommConfigInit": ([P(_CommConfig)], I),
         "mokGetUniqueId": ([P(_UniqueId)], I),
         "mokCommInitRank": ([P(V), I, P(_UniqueId), I, I, P(_CommConfig)], I),
@@ -216,6 +217,20 @@ class Config:
         finally:
             lib.mokLayerDestroy(h)
         return out
+
+
+def memory_estimate(config, num_tokens=None, impl="auto", worst=False):
+    """(layer_bytes, comm_scratch_bytes): the device memory one GPU needs for a layer of `config`
+    (a Config; num_ranks = the EP size) after passes of num_tokens tokens a rank (default
+    max_tokens), with routes spread evenly over the experts or under the worst routing
+    (mokLayerMemoryEstimate: computed on the host, no GPU). A model of L layers on one comm needs
+    about L * layer_bytes + comm_scratch_bytes."""
+    lib = _load()
+    T = config.max_tokens if num_tokens is None else int(num_tokens)
+    own, scratch = ctypes.c_size_t(), ctypes.c_size_t()
+    _check(lib.mokLayerMemoryEstimate(ctypes.byref(config._c), Layer._impl(impl), T, int(bool(worst)),
+                                      ctypes.byref(own), ctypes.byref(scratch)))
+    return own.value, scratch.value
 
 
 def get_unique_id():

@@ -88,6 +88,23 @@ def config_from_model():
 
 
 @test
+def memory_estimate_follows_the_routes():
+    """mok.memory_estimate (host only): at EP8 a glm-5.2 layer at 8192 tokens a rank holds
+    ~2.3 GiB with routes spread evenly, N times the rows under the worst routing, less at fewer
+    tokens; mega on one GPU only; bad arguments raise MokError."""
+    c = mok.Config("glm-5.2", max_tokens=8192, num_ranks=8)
+    own, scratch = mok.memory_estimate(c)
+    own_w, scratch_w = mok.memory_estimate(c, worst=True)
+    own_h, _ = mok.memory_estimate(c, 4096)
+    G = 1 << 30
+    assert 2.0 * G < own < 2.8 * G and 0 < scratch < 8 * G, (own, scratch)
+    assert own_w > 3.5 * own and scratch_w > 3.5 * scratch and own / 3 < own_h < own
+    raises(mok.MokError, lambda: mok.memory_estimate(c, impl="mega"), "one GPU")
+    raises(mok.MokError, lambda: mok.memory_estimate(c, 9000), "num_tokens")
+    raises(ValueError, lambda: mok.memory_estimate(c, impl="magic"), "impl")
+
+
+@test
 def config_errors_name_the_field():
     e = raises(mok.MokError, lambda: mok.Config("no-such-model"), "unknown model", "no-such-model", "glm-5.2")
     assert e.status == 1 and e.name == "mokInvalidArgument"
