@@ -2,7 +2,8 @@
 # gpu-mega.sh — the forward megakernel (mokImplMega, one GPU) on the device: build, the
 # tests (TESTS; " " = the full suite), then `mok bench layer` with mega beside nccl and
 # baseline on the same data (MODELS, TOKENS), a sweep of the comm CTAs (CTAS), a per-phase
-# profile (MOK_BASELINE_PROFILE) and mega beside nccl under Zipf 1.2 routing (ZIPF= skips it).
+# profile (MOK_BASELINE_PROFILE; PROFILE= skips it) and mega beside nccl under Zipf 1.2 routing
+# (ZIPF= skips it). The bench lines print each run's device memory (layer, comm scratch).
 # Log in $OUT/log, JSON in $OUT/*.json.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -27,8 +28,8 @@ CTAS=${CTAS:-8 32}
     MOK_MEGA_COMM_CTAS=$c timeout 120 build/mok bench layer --impl mega --gpus 1 --model "$MODELS" \
       --tokens "${TOKENS##*,}" --iters "${ITERS:-10}" --check-tokens 1 2>&1 | tail -4
   done
-  echo "== per-phase profile (MOK_BASELINE_PROFILE; T = the last token count; ms)"
-  for i in mega nccl; do
+  [ -n "${PROFILE-1}" ] && echo "== per-phase profile (MOK_BASELINE_PROFILE; T = the last token count; ms)"
+  for i in ${PROFILE-mega nccl}; do
     for m in ${MODELS//,/ }; do
       MOK_BASELINE_PROFILE=1 timeout 120 build/mok bench layer --impl $i --gpus 1 --model "$m" --tokens "${TOKENS##*,}" \
         --iters 3 --warmup 1 --check-tokens 0 --check-experts 0 2>&1 | grep -E "mok baseline (fwd|bwd)" | tail -2 | sed "s/^/$i $m: /"
