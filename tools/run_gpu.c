@@ -21,6 +21,7 @@ typedef struct {
   mokBf16 *const *out;
   const mokRankGrads_t *g;
   float fwd_ms[64], bwd_ms[64];
+  size_t own[64], scratch[64]; /* device memory after the passes (mokLayerMemoryInfo) */
   char err[512];
 } run_ctx;
 
@@ -91,6 +92,7 @@ static mokResult_t rank_fn(mokComm_t comm, int r, void *arg) {
     snprintf(c->err, sizeof c->err, "%s", mokLayerGetLastError(layer));
     goto done;
   }
+  mokLayerMemoryInfo(layer, &c->own[r], &c->scratch[r]);
   cudaEventElapsedTime(&c->fwd_ms[r], e[0], e[1]);
   cudaEventElapsedTime(&c->bwd_ms[r], e[1], e[2]);
   mokBf16 *out = c->out[r];
@@ -122,7 +124,7 @@ int mok_run_on_gpus(const mokConfig_t *cfg, mokImpl_t impl, const mokRankInput_t
   }
   run_ctx *c = calloc(1, sizeof *c);
   if (!c) return mokLocalCommsDestroy(N, comms), 1;
-  *c = (run_ctx){cfg, impl, in, w, dout, out, g, {0}, {0}, ""};
+  *c = (run_ctx){cfg, impl, in, w, dout, out, g, {0}, {0}, {0}, {0}, ""};
   mokResult_t rc = mokLocalRun(N, comms, rank_fn, c);
   int ret = 0;
   if (rc != mokSuccess) {
@@ -130,10 +132,16 @@ int mok_run_on_gpus(const mokConfig_t *cfg, mokImpl_t impl, const mokRankInput_t
     ret = 1;
   }
   *fwd_ms = *bwd_ms = 0;
+  size_t own = 0, scratch = 0;
   for (int r = 0; r < N; r++) {
     if (c->fwd_ms[r] > *fwd_ms) *fwd_ms = c->fwd_ms[r];
     if (c->bwd_ms[r] > *bwd_ms) *bwd_ms = c->bwd_ms[r];
+    if (c->own[r] > own) own = c->own[r];
+    if (c->scratch[r] > scratch) scratch = c->scratch[r];
   }
+  if (!ret)
+    printf("device memory of the layer (the most of any rank): its own %.3f GiB (saved rows, index arrays), the "
+           "comm's scratch %.3f GiB\n", own / 1073741824.0, scratch / 1073741824.0);
   free(c);
   mokLocalCommsDestroy(N, comms);
   return ret;
