@@ -14,6 +14,10 @@ the same weights, and its output is compared with mok's (rel L2, printed).
 the timed calls (micro-batches, as Megatron-LM keeps them): mok adds them in place
 (grad_dtype="fp32"); the plain-PyTorch layer's bf16 .grad is added by main_grad.add_ after
 each backward (Megatron-LM without its fused accumulation).
+Memory of one forward with autograd (columns "kept GiB", "transient GiB"): what stays allocated
+from the forward to its backward (PyTorch's allocations: the output and the saved tensors; for
+mok also the layer's own block of saved rows), and the peak beyond it during the forward (for
+mok: its comm's scratch block, which every layer on the comm shares).
 """
 
 import argparse
@@ -78,6 +82,22 @@ def timed(fn, iters, warm=3):
     return ts[len(ts) // 2]
 
 
+def held_memory(fwd, layer, dev):
+    """(kept, transient) bytes of one forward with autograd (see the docstring above)."""
+    torch.cuda.synchronize(dev)
+    torch.cuda.reset_peak_memory_stats(dev)
+    before = torch.cuda.memory_allocated(dev)
+    out = fwd()
+    torch.cuda.synchronize(dev)
+    kept = torch.cuda.memory_allocated(dev) - before
+    peak = max(torch.cuda.max_memory_allocated(dev) - before - kept, 0)
+    del out
+    if layer is not None:
+        own, scratch = layer.memory_info()
+        kept, peak = kept + own, peak + scratch
+    return kept, peak
+
+
 def main():
     ap = argparse.ArgumentParser(description=__doc__.split("\n")[0])
     ap.add_argument("--models", default="qwen3.5-397b-a17b,glm-5.2")
@@ -127,7 +147,8 @@ def main():
 
                 out = fwd()
                 ref_out = out if ref_out is None else ref_out
-                res[impl] = (timed(fwd, a.iters), timed(fwdbwd, a.iters), out)
+                res[impl] = (timed(fwd, a.iters), timed(fwdbwd, a.iters), out,
+                             held_memory(lambda m=m: m(xg, idx, wg), m.layer, dev))
             if not a.no_torch:
                 p = (base.w_gate_up, base.w_down, base.s_gate_up, base.s_down)
 
@@ -147,28 +168,30 @@ def main():
 
                 try:
                     out = tfwd()
-                    res["torch"] = (timed(tfwd, a.iters), timed(tfwdbwd, a.iters), out)
+                    res["torch"] = (timed(tfwd, a.iters), timed(tfwdbwd, a.iters), out,
+                                    held_memory(lambda: torch_moe(xg, idx, wg, *p), None, dev))
                 except Exception as e:  # an older torch without _grouped_mm or its backward
                     print("torch layer failed: %s" % e)
-            for name, (f, fb, out) in res.items():
+            for name, (f, fb, out, (kept, peak)) in res.items():
                 err = ((out.double() - ref_out.double()).norm() / ref_out.double().norm()).item()
                 rows.append(dict(model=model, tokens=T, impl=name, fwd_ms=f, fwd_bwd_ms=fb, rel_l2_vs_first=err,
-                                 routing=a.routing, grad_dtype=a.grad_dtype))
+                                 routing=a.routing, grad_dtype=a.grad_dtype, kept_bytes=kept, transient_bytes=peak))
             torch.cuda.empty_cache()
         for m in mods.values():
             m.layer.close()
         del mods, base
         comm.close()
         torch.cuda.empty_cache()
-    print("\n| model | T | impl | fwd ms | fwd+bwd ms | vs torch fwd | vs torch fwd+bwd | out rel L2 vs %s |" %
-          a.impls.split(",")[0])
-    print("|---|---|---|---|---|---|---|---|")
+    print("\n| model | T | impl | fwd ms | fwd+bwd ms | vs torch fwd | vs torch fwd+bwd | out rel L2 vs %s | kept GiB | "
+          "transient GiB |" % a.impls.split(",")[0])
+    print("|---|---|---|---|---|---|---|---|---|---|")
     for r in rows:
         t = [q for q in rows if q["model"] == r["model"] and q["tokens"] == r["tokens"] and q["impl"] == "torch"]
         sf = "%.2fx" % (t[0]["fwd_ms"] / r["fwd_ms"]) if t else "-"
         sb = "%.2fx" % (t[0]["fwd_bwd_ms"] / r["fwd_bwd_ms"]) if t else "-"
-        print("| %s | %d | %s | %.3f | %.3f | %s | %s | %.2e |" % (r["model"], r["tokens"], r["impl"], r["fwd_ms"],
-                                                                 r["fwd_bwd_ms"], sf, sb, r["rel_l2_vs_first"]))
+        print("| %s | %d | %s | %.3f | %.3f | %s | %s | %.2e | %.2f | %.2f |" % (
+            r["model"], r["tokens"], r["impl"], r["fwd_ms"], r["fwd_bwd_ms"], sf, sb, r["rel_l2_vs_first"],
+            r["kept_bytes"] / 2**30, r["transient_bytes"] / 2**30))
     if a.json:
         with open(a.json, "w") as f:
             json.dump(dict(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(dev), rows=rows), f,
