@@ -56,7 +56,6 @@ struct mok_gpu_layer {
    * GEMMs 2.7 ms alone, 10.7 ms between backwards). A handle per kind keeps its set. */
   cublasHandle_t cublas_kind[NUM_GKINDS];
   int64_t cap;           /* padded rows of the last forward (R: the row buffers' capacity) */
-  int64_t routes_max;    /* T_max * k */
   /* host, pinned */
   int32_t *h_idx;        /* [T_max*k] */
   int32_t *h_pos;        /* [T_max*k] send row of each route, -1 for an empty slot */
@@ -81,7 +80,7 @@ struct mok_gpu_layer {
   mokBf16 *send;         /* [Q, H]: x rows, then dY rows; finally dX partials (send order) */
   mokBf16 *recv;         /* [rows received, H] */
   float *gu32;           /* [R, 2I] fp32 [g|u] when the clamp is on (cuBLAS) */
-  float *f32;            /* [R, max(I, H)] dA, then dX */
+  float *f32;            /* cuBLAS: [R, max(I, H)] fp32 dA, then dX; mok's GEMMs: [R, H] bf16 dX */
   mokBf16 *dgu;          /* [R, 2I] [dG|dU] */
   float *s_gu32;         /* [T64, 2 I_s] when the clamp is on (cuBLAS) */
   mokBf16 *s_y;          /* [T64, H] */
@@ -585,7 +584,6 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   const int64_t N = c->num_ranks, E = c->num_experts, El = l->local_experts;
   const int64_t T = c->max_tokens, k = c->topk, cap = l->sched_capacity;
   g->cap = 0;
-  g->routes_max = T * k;
   /* (the row buffers grow with the passes: layout_saved, layout_scratch) */
   struct { void **p; size_t bytes; } dev[] = {
       {(void **)&g->d_cnt, 4 * (size_t)(E + CNT_EXTRA)}, {(void **)&g->d_cnt_all, 4 * (size_t)(N * (E + CNT_EXTRA))},
@@ -784,7 +782,6 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
 }
 
 /* ---- forward ------------------------------------------------------------------------- */
-/* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
 /* ---- the row buffers of a pass (workspace.h) ------------------------------------------ */
 typedef mok_pass_shape pass_shape;
 
@@ -879,6 +876,7 @@ static void pass_done(mokLayer_t l, cudaStream_t st) {
 
 static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st);
 
+/* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
 static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
