@@ -106,7 +106,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
 MOK_TEST(cli_help_exit_0) {
   NEED_CLI();
   static char out[1 << 16];
-  const char *cmds[] = {"--help", "run --help", "info --help", "bench --help"};
+  const char *cmds[] = {"--help", "run --help", "info --help", "bench --help", "memory --help"};
   for (size_t i = 0; i < sizeof cmds / sizeof cmds[0]; i++) {
     CHECK_MSG(run_cli(cmds[i], out, sizeof out) == 0, "'mok %s' failed: %s", cmds[i], out);
     CHECK(strstr(out, "usage") != NULL);
@@ -114,6 +114,7 @@ MOK_TEST(cli_help_exit_0) {
   CHECK(run_cli("run --help", out, sizeof out) == 0 && strstr(out, "deepseek-v3") && strstr(out, "zipf") &&
         strstr(out, "--impl nccl") && strstr(out, "--impl mega"));
   CHECK(run_cli("bench layer --help", out, sizeof out) == 0 && strstr(out, "nccl") && strstr(out, "baseline"));
+  CHECK(run_cli("--help", out, sizeof out) == 0 && strstr(out, "memory"));
 }
 
 MOK_TEST(cli_run_cpu_prints_every_checksum) {
