@@ -56,6 +56,8 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"memory --model nope", "unknown model 'nope'"},
       {"memory --gpus 8 --impl mega", "mokImplMega runs on one GPU so far"},
       {"memory --layers", "needs a value"},
+      {"memory --layers 4 --budget 0", "--budget takes GiB > 0"},
+      {"memory --budget 80", "--budget needs --layers"},
   };
   for (size_t i = 0; i < sizeof cases / sizeof cases[0]; i++) {
     int rc = run_cli(cases[i].args, out, sizeof out);
@@ -288,5 +290,18 @@ MOK_TEST(cli_memory) {
   for (int q = 0; q < 4; q++) CHECK_MSG(fabs(got[q] - b[q] / G) < 0.006, "column %d: %g vs %g GiB", q, got[q], b[q] / G);
   CHECK_MSG(fabs(tot - (60 * b[0] + b[1]) / G) < 0.06, "total %g", tot);
   CHECK(run_cli("memory --help", out, sizeof out) == 0 && strstr(out, "mokLayerReserve"));
+  /* --budget: the most tokens a rank whose 61 layers fit in 80 GiB (even routing) */
+  CHECK_MSG(run_cli("memory --model glm-5.2 --gpus 8 --layers 61 --budget 80", out, sizeof out) == 0, "%s", out);
+  line = strstr(out, "\nglm-5.2");
+  int fit = -1;
+  CHECK_MSG(line && sscanf(line + 1, "glm-5.2 %*f %*f %*f %*f %*f / %*f %d", &fit) == 1 && fit > 0, "%s", out);
+  CHECK_OK(mokConfigSetModel(&c, "glm-5.2"));
+  c.num_ranks = 8;
+  for (int q = 0; q < 2; q++) { /* fit tokens fit, one more does not */
+    c.max_tokens = fit + q;
+    CHECK_OK(mokLayerMemoryEstimate(&c, mokImplAuto, fit + q, 0, &b[0], &b[1]));
+    const double need = 61.0 * b[0] + b[1];
+    CHECK_MSG(q ? need > 80 * G : need <= 80 * G, "%d tokens need %g GiB", fit + q, need / G);
+  }
 }
 

@@ -452,16 +452,20 @@ static int cmd_bench(int argc, char **argv) {
 static int cmd_memory(int argc, char **argv) {
   const char *models_s = "kimi-k2.7-code,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro", *impl_s = "auto";
   int gpus = 8, tokens = 8192, layers = 0;
+  double budget = 0; /* GiB; with --layers: the most tokens a rank whose layers fit in it */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
-      printf("usage: mok memory [--model A,B,..] [--gpus N] [--tokens T] [--layers L] [--impl auto|nccl|baseline|mega]\n"
+      printf("usage: mok memory [--model A,B,..] [--gpus N] [--tokens T] [--layers L [--budget GiB]]\n"
+             "                  [--impl auto|nccl|baseline|mega]\n"
              "  The device memory one GPU of an EP group of N GPUs needs for a layer whose passes have T\n"
              "  tokens a rank (computed from the layer's layouts, mokLayerMemoryEstimate; no GPU needed):\n"
              "  the layer's own (the rows its backward reads, index arrays) and the scratch one pass\n"
              "  uses, which the layers of one communicator share; with routes spread evenly over the\n"
              "  experts and under the worst routing (every route on this rank: mokLayerReserve's size).\n"
-             "  --layers L adds the total of L such layers on one communicator.\n"
+             "  --layers L adds the total of L such layers on one communicator; --budget B (GiB) with it\n"
+             "  adds the most tokens a rank whose L layers fit in B GiB (even routing; the weights,\n"
+             "  their gradients and the optimizer state are not counted: leave room for them).\n"
              "  Defaults: the four published models, --gpus 8, --tokens 8192, --impl auto.\n");
       return 0;
     }
@@ -474,7 +478,10 @@ static int cmd_memory(int argc, char **argv) {
     else if (!strcmp(a, "--impl")) impl_s = v;
     else if (!strcmp(a, "--gpus")) { if (!is_num || n < 1 || n > 1024) return usage_error("memory", "--gpus takes 1..1024, not '%s'", v); gpus = (int)n; }
     else if (!strcmp(a, "--tokens")) { if (!is_num || n < 0 || n > (1L << 24)) return usage_error("memory", "--tokens takes 0..16777216, not '%s'", v); tokens = (int)n; }
-    else if (!strcmp(a, "--layers")) { if (!is_num || n < 0 || n > 100000) return usage_error("memory", "--layers takes 0..100000, not '%s'", v); layers = (int)n; }
+    else if (!strcmp(a, "--budget")) {
+      budget = strtod(v, &end);
+      if (end == v || *end || !(budget > 0) || budget > 1e6) return usage_error("memory", "--budget takes GiB > 0, not '%s'", v);
+    } else if (!strcmp(a, "--layers")) { if (!is_num || n < 0 || n > 100000) return usage_error("memory", "--layers takes 0..100000, not '%s'", v); layers = (int)n; }
     else return usage_error("memory", "unknown option '%s'", a);
   }
   mokImpl_t impl;
@@ -483,11 +490,13 @@ static int cmd_memory(int argc, char **argv) {
   else if (!strcmp(impl_s, "baseline")) impl = mokImplBaseline;
   else if (!strcmp(impl_s, "mega")) impl = mokImplMega;
   else return usage_error("memory", "--impl takes auto, nccl, baseline or mega, not '%s'", impl_s);
+  if (budget > 0 && !layers) return usage_error("memory", "--budget needs --layers%s", "");
   const double G = 1073741824.0;
   printf("device memory a GPU needs per MoE layer: EP over %d GPU(s), %d tokens a rank, impl %s (GiB)\n", gpus, tokens,
          impl_s);
   printf("%-20s %12s %12s %12s %12s%s\n", "model", "layer", "scratch", "layer worst", "scratch worst",
-         layers ? "  total of the layers (even / worst)" : "");
+         layers ? (budget > 0 ? "  total of the layers (even / worst)  tokens a rank in the budget" :
+                   "  total of the layers (even / worst)") : "");
   char buf[512];
   snprintf(buf, sizeof buf, "%s", models_s);
   int bad = 0;
@@ -507,6 +516,20 @@ static int cmd_memory(int argc, char **argv) {
     }
     printf("%-20s %12.2f %12.2f %12.2f %12.2f", m, own / G, scr / G, own_w / G, scr_w / G);
     if (layers) printf("  %.1f / %.1f", (layers * (double)own + scr) / G, (layers * (double)own_w + scr_w) / G);
+    if (budget > 0) { /* the need grows with the tokens: bisect the largest T that fits */
+      int lo = 0, hi = 1 << 24;
+      while (lo < hi) {
+        const int mid = lo + (hi - lo + 1) / 2;
+        mokConfig_t cm = c;
+        cm.max_tokens = mid;
+        size_t o = 0, x = 0;
+        if (mokLayerMemoryEstimate(&cm, impl, mid, 0, &o, &x) == mokSuccess && layers * (double)o + x <= budget * G)
+          lo = mid;
+        else
+          hi = mid - 1;
+      }
+      printf("  %d", lo);
+    }
     printf("\n");
   }
   return bad;
