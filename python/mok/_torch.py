@@ -226,6 +226,15 @@ class MoE(torch.nn.Module):
     def config(self):
         return self.layer.config
 
+    def memory_info(self):
+        """(layer_bytes, comm_scratch_bytes) of device memory held now (mok.Layer.memory_info)."""
+        return self.layer.memory_info()
+
+    def reserve(self, num_tokens):
+        """Grow the device memory now for passes of up to num_tokens tokens under any routing
+        (mok.Layer.reserve: before capturing a CUDA graph), on the current stream."""
+        self.layer.reserve(num_tokens, current_stream_handle(torch.device("cuda", self.comm.device)))
+
     def reset_parameters(self):
         c = self.layer.config
         with torch.no_grad():

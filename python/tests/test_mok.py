@@ -394,8 +394,8 @@ def memory_follows_rows():
         for p in m.parameters():
             p.grad = None
         out2 = m(xg, idx, wg)
-        m.layer.reserve(8192)
-        assert m.layer.memory_info()[0] > 32 << 20, "%s: reserve(8192) left %d bytes" % (impl, m.layer.memory_info()[0])
+        m.reserve(8192)  # (the module's: mok.Layer.reserve on the current stream)
+        assert m.memory_info()[0] > 32 << 20, "%s: reserve(8192) left %d bytes" % (impl, m.memory_info()[0])
         out2.backward(d)  # (the forward again first: reserve dropped its context)
         got = [xg.grad, wg.grad] + [p.grad for p in m.parameters()]
         assert torch.equal(out, out2) and all(torch.equal(a, b) for a, b in zip(got, want)), impl
