@@ -167,6 +167,18 @@ static mokResult_t rank_backward(gpu_case *c, int s, cudaStream_t st) {
   return c->bwd_rc[s] = mokLayerBackward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
 }
 
+/* Rank 0's forward and, where it succeeded, its backward captured on st into *graph
+ * (fwd, bwd: their results); returns the capture's status. */
+static cudaError_t capture_passes(gpu_case *c, cudaStream_t st, cudaGraph_t *graph, mokResult_t *fwd,
+                                  mokResult_t *bwd) {
+  *fwd = *bwd = mokInternalError;
+  cudaError_t ce = cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal);
+  if (ce != cudaSuccess) return ce;
+  *fwd = rank_forward(c, 0, st);
+  *bwd = *fwd == mokSuccess ? rank_backward(c, 0, st) : *fwd;
+  return cudaStreamEndCapture(st, graph);
+}
+
 /* Per rank: upload, create, forward, backward. */
 static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   gpu_case *c = arg;
@@ -404,10 +416,8 @@ MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {
     CHECK(cudaStreamCreate(&st) == cudaSuccess);
     cudaGraph_t graph = NULL;
     cudaGraphExec_t exec = NULL;
-    CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
-    mokResult_t fwd = mokLayerForward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->out_d[0], st);
-    mokResult_t bwd = mokLayerBackward(c->layer[0], mokImplMega, &c->din[0], &c->dw[0], c->dout_d[0], &c->dg[0], st);
-    cudaError_t ce = cudaStreamEndCapture(st, &graph);
+    mokResult_t fwd, bwd;
+    cudaError_t ce = capture_passes(c, st, &graph, &fwd, &bwd);
     CHECK_MSG(fwd == mokSuccess && bwd == mokSuccess, "captured passes: %s", mokGetLastError());
     CHECK_MSG(ce == cudaSuccess, "capture: %s", cudaGetErrorString(ce));
     CHECK(ce == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
@@ -691,10 +701,8 @@ MOK_GPU_TEST(layer_reserve_before_capture_1gpu, 1) {
             "%d (%s)", (int)fwd, msg);
   CHECK_OK(mokLayerReserve(c->layer[0], c->T[0], st));
   CHECK(cudaStreamSynchronize(st) == cudaSuccess);
-  CHECK(cudaStreamBeginCapture(st, cudaStreamCaptureModeGlobal) == cudaSuccess);
-  fwd = rank_forward(c, 0, st);
-  mokResult_t bwd = fwd == mokSuccess ? rank_backward(c, 0, st) : fwd;
-  cudaError_t ce = cudaStreamEndCapture(st, &graph);
+  mokResult_t bwd;
+  cudaError_t ce = capture_passes(c, st, &graph, &fwd, &bwd);
   CHECK_MSG(fwd == mokSuccess && bwd == mokSuccess, "captured after mokLayerReserve: %s", mokGetLastError());
   CHECK(ce == cudaSuccess && cudaGraphInstantiate(&exec, graph, 0) == cudaSuccess);
   CHECK(cudaGraphLaunch(exec, st) == cudaSuccess && cudaStreamSynchronize(st) == cudaSuccess);
