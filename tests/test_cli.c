@@ -10,6 +10,8 @@
 #include <sys/wait.h>
 #include <unistd.h>
 
+#include <cuda_runtime_api.h>
+
 #include "mok.h"
 #include "test.h"
 
@@ -186,6 +188,26 @@ MOK_GPU_TEST(cli_run_gpu_impls_match_cpu, 1) {
       CHECK_MSG(a > 0 && b > 0 && fabs(a - b) <= 1e-2 * b, "--impl %s: %s l2 %g, cpu %g", impls[i], names[q], a, b);
     }
   }
+}
+
+/* `mok bench layer` where a token count's buffers do not fit the GPU: a message that names
+ * the buffer, its size and the free memory, exit 1; the buffers it did get are freed, so
+ * the next token count of the same run still runs (T: x and out take ~40% of the memory
+ * each, so d_out is the one that fails, after x, the weights and out were allocated). */
+MOK_GPU_TEST(cli_bench_layer_out_of_memory, 1) {
+  NEED_CLI();
+  size_t fr = 0, tot = 0;
+  CHECK(cudaMemGetInfo(&fr, &tot) == cudaSuccess);
+  const long long T = (long long)(0.4 * (double)tot / (2.0 * 4096)); /* qwen3.5: H = 4096 */
+  static char out[1 << 16];
+  char args[512];
+  snprintf(args, sizeof args, "bench layer --impl nccl --gpus 1 --model qwen3.5-397b-a17b --tokens %lld,256 "
+                              "--iters 1 --warmup 0 --check-tokens 1", T);
+  const int rc = run_cli(args, out, sizeof out);
+  CHECK_MSG(rc == 1, "rc %d (want 1: one token count failed): %s", rc, out);
+  CHECK_MSG(strstr(out, "cudaMalloc of d_out") && strstr(out, "GiB free") && strstr(out, "--gpus"),
+            "no message naming the buffer that did not fit: %s", out);
+  CHECK_MSG(strstr(out, "T=256 EP1 nccl] forward "), "the next token count did not run: %s", out);
 }
 
 /* How often s occurs in out. */

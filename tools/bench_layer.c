@@ -32,6 +32,7 @@
 
 #include "cli.h"
 #include "mok.h"
+#include "internal.h" /* mok_error: the bench's own failures get a message */
 
 #define MAXG 8
 
@@ -71,10 +72,29 @@ static int cmp_f(const void *a, const void *b) {
     mokResult_t r_ = (call);                                            \
     if (r_ != mokSuccess) return r_;                                    \
   } while (0)
-#define CUDA_TRY(call)                                                  \
-  do {                                                                  \
-    if ((call) != cudaSuccess) return mokCudaError;                     \
+#define CUDA_TRY(call)                                                                              \
+  do {                                                                                              \
+    cudaError_t e_ = (call);                                                                        \
+    if (e_ != cudaSuccess)                                                                          \
+      return mok_error(NULL, mokCudaError, "%s:%d: %s failed: %s", __FILE__, __LINE__, #call,      \
+                       cudaGetErrorString(e_));                                                     \
   } while (0)
+
+/* cudaMalloc of the bench's own buffers; on failure a message with the size and the free
+ * memory (a model whose experts do not fit one GPU: more GPUs or fewer tokens). */
+static mokResult_t bench_alloc(void **ptr, size_t bytes, const char *what, int N) {
+  const cudaError_t e = cudaMalloc(ptr, bytes);
+  if (e == cudaSuccess) return mokSuccess;
+  *ptr = NULL;
+  cudaGetLastError();
+  size_t fr = 0, tot = 0;
+  cudaMemGetInfo(&fr, &tot);
+  return mok_error(NULL, e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError,
+                   "cudaMalloc of %s (%.2f GiB) failed: %s (%.2f of %.2f GiB free); the weights, their "
+                   "gradients and the tokens are split over the ranks: more GPUs (--gpus, now %d) or fewer tokens",
+                   what, (double)bytes / (1 << 30), cudaGetErrorString(e), (double)fr / (1 << 30),
+                   (double)tot / (1 << 30), N);
+}
 
 static mokResult_t rank_setup(mokComm_t comm, int r, void *arg) {
   bench_t *b = arg;
@@ -84,24 +104,32 @@ static mokResult_t rank_setup(mokComm_t comm, int r, void *arg) {
   void *p[12] = {0};
   size_t bytes[12] = {2 * T * H, 4 * T * k, 4 * T * k, 2 * El * I * H, 2 * El * I * H, 2 * El * H * I,
                       2 * Is * H, 2 * Is * H, 2 * H * Is, 2 * T * H, 2 * T * H, 0};
-  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage), and
-   * so s_gate and s_up (mokImplMega then runs the shared expert as tiles of its launch) */
-  for (int i = 0; i < 11; i++)
-    if (i != 4 && i != 7)
-      CUDA_TRY(cudaMalloc(&p[i], (i == 3 || i == 6 ? bytes[i] + bytes[i + 1] : bytes[i]) + 16));
-  p[4] = (char *)p[3] + bytes[3];
-  p[7] = (char *)p[6] + bytes[6];
-  b->in[r] = (mokRankInput_t){(int)T, p[0], p[1], p[2]};
-  b->w[r] = (mokRankWeights_t){p[3], p[4], p[5], Is ? p[6] : NULL, Is ? p[7] : NULL, Is ? p[8] : NULL};
-  b->out[r] = p[9];
-  b->dout[r] = p[10];
+  static const char *pname[12] = {"x", "topk_idx", "topk_w", "w_gate and w_up", "", "w_down", "s_gate and s_up", "",
+                                  "s_down", "out", "d_out", ""};
   size_t gs = c->grad_dtype == mokDtypeBF16 ? 2 : 4;
   void *q[8] = {0};
   size_t gb[8] = {2 * T * H, 4 * T * k, gs * El * I * H, gs * El * I * H, gs * El * H * I, gs * Is * H, gs * Is * H,
                   gs * H * Is};
-  for (int i = 0; i < 8; i++) CUDA_TRY(cudaMalloc(&q[i], gb[i] ? gb[i] : 16));
-  b->g[r] = (mokRankGrads_t){q[0], q[1], q[2], q[3], q[4], Is ? q[5] : NULL, Is ? q[6] : NULL, Is ? q[7] : NULL,
-                             0};
+  static const char *qname[8] = {"d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                 "d_s_down"};
+  /* W_gate and W_up in one block, W_up right after W_gate (mok.h: one TMA box a stage), and
+   * so s_gate and s_up (mokImplMega then runs the shared expert as tiles of its launch);
+   * every buffer lands in b as soon as it exists, so that rank_free frees what a failed
+   * setup left (the bench goes on with the next model) */
+  mokResult_t rc = mokSuccess;
+  for (int i = 0; i < 11 && rc == mokSuccess; i++)
+    if (i != 4 && i != 7 && !(Is == 0 && i >= 6 && i <= 8))
+      rc = bench_alloc(&p[i], (i == 3 || i == 6 ? bytes[i] + bytes[i + 1] : bytes[i]) + 16, pname[i], b->N);
+  if (p[3]) p[4] = (char *)p[3] + bytes[3];
+  if (p[6]) p[7] = (char *)p[6] + bytes[6];
+  b->in[r] = (mokRankInput_t){(int)T, p[0], p[1], p[2]};
+  b->w[r] = (mokRankWeights_t){p[3], p[4], p[5], p[6], p[7], p[8]};
+  b->out[r] = p[9];
+  b->dout[r] = p[10];
+  for (int i = 0; i < 8 && rc == mokSuccess; i++)
+    if (!(Is == 0 && i >= 5)) rc = bench_alloc(&q[i], gb[i] ? gb[i] : 16, qname[i], b->N);
+  b->g[r] = (mokRankGrads_t){q[0], q[1], q[2], q[3], q[4], q[5], q[6], q[7], 0};
+  if (rc != mokSuccess) return rc;
   /* data: the same generator as mokGenerateRankData, on the device */
   TRY(mokGenerateBf16Device(b->seed, mokTensorX, r, 0, T * H, 1.0f, p[0], NULL));
   TRY(mokGenerateBf16Device(b->seed, mokTensorDOut, r, 0, T * H, 1.0f, p[10], NULL));
@@ -118,7 +146,7 @@ static mokResult_t rank_setup(mokComm_t comm, int r, void *arg) {
   }
   b->h_idx[r] = malloc(4 * T * k + 4);
   b->h_w[r] = malloc(4 * T * k + 4);
-  if (!b->h_idx[r] || !b->h_w[r]) return mokOutOfMemory;
+  if (!b->h_idx[r] || !b->h_w[r]) return mok_error(NULL, mokOutOfMemory, "rank %d: out of host memory for the routes", r);
   TRY(mokGenerateRouting(b->seed, &b->routing, c->num_experts, (int)k, r, 0, T, b->h_idx[r], b->h_w[r]));
   CUDA_TRY(cudaMemcpy(p[1], b->h_idx[r], 4 * T * k, cudaMemcpyHostToDevice));
   CUDA_TRY(cudaMemcpy(p[2], b->h_w[r], 4 * T * k, cudaMemcpyHostToDevice));
