@@ -3,12 +3,14 @@
  * public mokReferenceSchedule: every route gets exactly one row; segments are padded
  * to P, disjoint and in expert order; inside a segment routes are in (s, t, j) order;
  * the result equals a closed-form computation done in another order; bad input is
- * refused without writing.
+ * refused without writing; the same schedule composed from every source's send order
+ * (schedule_ep.h, the megakernel's arithmetic at N > 1) equals it.
  */
 #include <stdlib.h>
 #include <string.h>
 
 #include "mok.h"
+#include "schedule_ep.h"
 #include "test.h"
 #include "util.h"
 
@@ -193,4 +195,82 @@ MOK_TEST(schedule_rejects_bad_input_without_writing) {
   CHECK_OK(mokReferenceSchedule(l, 0, in, &sc)); /* still usable after errors */
   mokLayerDestroy(l);
   free_routing(&c);
+}
+
+/* The schedule composed from every source's send order (schedule_ep.h: the arithmetic of
+ * the megakernel at N > 1: each source orders its own routes, the counts are exchanged,
+ * each expert rank lays out its segments row by row) equals mokReferenceSchedule on every
+ * rank, bitwise, over random shapes (N up to 8, uneven and empty token counts, dropped
+ * routes, every route on one expert, P 64 and 128); a bad id is reported at its slot with
+ * nothing written; a capacity too small is reported with row_route untouched. */
+MOK_TEST(schedule_composed_from_sources_equals_reference) {
+  rng_t r = {test_seed() ^ 0xe9};
+  for (int iter = 0; iter < 60 && !t->failed; iter++) {
+    routing_case c = {0};
+    c.N = 1 + rng_int(&r, 8);
+    c.k = 1 + rng_int(&r, 8);
+    c.E = c.N * (1 + rng_int(&r, 8));
+    while (c.E < c.k) c.E += c.N;
+    c.Tmax = 1 + rng_int(&r, 60);
+    c.P = 64 * (1 + rng_int(&r, 2));
+    for (int s = 0; s < c.N; s++) c.T[s] = iter % 4 == 0 && s == c.N - 1 ? 0 : rng_int(&r, c.Tmax + 1);
+    make_routing(&c, &r, iter % 6 == 5);
+    mokLayer_t l = make_layer(&c);
+    CHECK(l != NULL);
+    mokRankInput_t in[8];
+    int32_t *scount[8], *soff[8], *sorder[8];
+    for (int s = 0; s < c.N; s++) {
+      in[s] = (mokRankInput_t){c.T[s], NULL, c.idx[s], NULL};
+      scount[s] = malloc(sizeof(int32_t) * (size_t)c.E);
+      soff[s] = malloc(sizeof(int32_t) * (size_t)(c.E + 1));
+      sorder[s] = malloc(sizeof(int32_t) * (size_t)(c.T[s] * c.k + 1));
+      CHECK(mok_sched_send(c.idx[s], c.T[s], c.k, c.E, scount[s], soff[s], sorder[s]) == -1);
+    }
+    int64_t cap;
+    CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+    const int El = c.E / c.N;
+    int32_t *cnt[2], *off[2], *srcc[2], *rows[2];
+    for (int v = 0; v < 2; v++) {
+      cnt[v] = malloc(sizeof(int32_t) * (size_t)El), off[v] = malloc(sizeof(int32_t) * (size_t)(El + 1));
+      srcc[v] = malloc(sizeof(int32_t) * (size_t)(c.N * El)), rows[v] = malloc(sizeof(int32_t) * (size_t)cap);
+    }
+    for (int rank = 0; rank < c.N && !t->failed; rank++) {
+      for (int64_t q = 0; q < cap; q++) rows[0][q] = rows[1][q] = -7; /* rows past the last segment: untouched */
+      mokSchedule_t sc = {cap, cnt[0], off[0], srcc[0], rows[0]};
+      CHECK_OK(mokReferenceSchedule(l, rank, in, &sc));
+      const int64_t used = mok_sched_compose(c.N, El, rank, c.P, c.Tmax, c.k, (const int32_t *const *)scount,
+                                             (const int32_t *const *)soff, (const int32_t *const *)sorder, cnt[1],
+                                             off[1], rank & 1 ? srcc[1] : NULL, rows[1], cap);
+      CHECK_MSG(used == off[0][El], "iter %d rank %d: %lld rows, the reference %d", iter, rank, (long long)used,
+                off[0][El]);
+      CHECK(!memcmp(cnt[0], cnt[1], sizeof(int32_t) * (size_t)El));
+      CHECK(!memcmp(off[0], off[1], sizeof(int32_t) * (size_t)(El + 1)));
+      if (rank & 1) CHECK(!memcmp(srcc[0], srcc[1], sizeof(int32_t) * (size_t)(c.N * El)));
+      int64_t bad = -1;
+      for (int64_t q = 0; q < cap && bad < 0; q++) bad = rows[0][q] != rows[1][q] ? q : -1;
+      CHECK_MSG(bad < 0, "iter %d (N %d E %d k %d P %d) rank %d: row %lld holds route %d, the reference %d", iter,
+                c.N, c.E, c.k, c.P, rank, (long long)bad, bad < 0 ? 0 : rows[1][bad], bad < 0 ? 0 : rows[0][bad]);
+      if (off[0][El] > 0) { /* a capacity one row short: reported, row_route untouched */
+        for (int64_t q = 0; q < cap; q++) rows[1][q] = -7;
+        CHECK(mok_sched_compose(c.N, El, rank, c.P, c.Tmax, c.k, (const int32_t *const *)scount,
+                                (const int32_t *const *)soff, (const int32_t *const *)sorder, cnt[1], off[1], NULL,
+                                rows[1], off[0][El] - 1) == -1);
+        CHECK(rows[1][0] == -7);
+      }
+    }
+    for (int v = 0; v < 2; v++) free(cnt[v]), free(off[v]), free(srcc[v]), free(rows[v]);
+    for (int s = 0; s < c.N; s++) free(scount[s]), free(soff[s]), free(sorder[s]);
+    mokLayerDestroy(l);
+    free_routing(&c);
+  }
+  /* a bad id: its slot reported, nothing written */
+  int32_t idx[6] = {0, 1, -1, 3, 4, 2}, count[4] = {9, 9, 9, 9}, off[5] = {9, 9, 9, 9, 9}, order[6] = {9};
+  CHECK(mok_sched_send(idx, 3, 2, 4, count, off, order) == 4);
+  CHECK(count[0] == 9 && off[0] == 9 && order[0] == 9);
+  idx[4] = -2;
+  CHECK(mok_sched_send(idx, 3, 2, 4, count, off, order) == 4);
+  idx[4] = 3;
+  CHECK(mok_sched_send(idx, 3, 2, 4, count, off, order) == -1);
+  CHECK(count[0] == 1 && count[1] == 1 && count[2] == 1 && count[3] == 2 && off[4] == 5);
+  CHECK(order[off[3]] == 3 && order[off[3] + 1] == 4); /* expert 3's slots in (t, j) order */
 }
