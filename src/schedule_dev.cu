@@ -25,6 +25,7 @@
 
 #include "comm.h"     /* defines: MOK_ERRWORD, MOK_DEVERR_INPUT, MOK_WAIT_SCHED_INPUT */
 #include "internal.h" /* defines: mok_error, CUDA_CHECK */
+#include "schedule.h"     /* defines: mok_segment_rows, mok_sched_row_source, mok_route_id */
 #include "schedule_dev.h"
 
 namespace {
@@ -212,6 +213,116 @@ extern "C" mokResult_t mok_schedule_local_launch(const mokLocalSchedule_t *s, cu
   k_sched_count<<<ctas, kWarps * 32, smem, stream>>>(*s, cta_cnt, bad_route);
   k_sched_scan<<<1, 1024, 0, stream>>>(*s, cta_cnt, ctas, cursor, bad_route);
   k_sched_rank<<<ctas, kWarps * 32, smem, stream>>>(*s, cta_cnt, cursor);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+/* ---- expert parallel: the composed schedule (schedule_dev.h) ----------------------------- */
+namespace {
+
+__global__ void k_send_order(const int32_t *send_pos, int64_t routes, const int32_t *bad, int32_t *order) {
+  if (bad && *(const volatile int32_t *)bad) return;
+  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
+    if (send_pos[q] >= 0) order[send_pos[q]] = (int32_t)q;
+}
+
+/* 1. one CTA, a thread an expert (E_l <= 1024): the sources' counts of each local expert,
+ * their sum, the padded offsets (a serial scan by thread 0: E_l <= 1024), the flag. */
+__global__ void __launch_bounds__(1024, 1) k_ep_segments(mokEpSchedule_t s) {
+  __shared__ int32_t seg[MOK_SCHEDULE_LOCAL_MAX_EXPERTS];
+  __shared__ int refused;
+  const int N = s.num_ranks, El = s.local_experts;
+  if (threadIdx.x == 0) {
+    refused = 0;
+    for (int q = 0; q < N; ++q)
+      if (s.bad[q] && *(const volatile int32_t *)s.bad[q]) refused = 1;
+  }
+  __syncthreads();
+  if (refused) {
+    if (threadIdx.x == 0) *s.flag = 1;
+    return;
+  }
+  for (int e = threadIdx.x; e < El; e += blockDim.x) {
+    const int eg = s.rank * El + e;
+    int32_t n = 0;
+    for (int q = 0; q < N; ++q) {
+      const int32_t c = s.count[q][eg];
+      s.src_count[q * El + e] = c;
+      n += c;
+    }
+    s.expert_count[e] = n;
+    seg[e] = mok_segment_rows(n, s.row_pad);
+  }
+  __syncthreads();
+  if (threadIdx.x == 0) {
+    int64_t rows = 0;
+    for (int e = 0; e < El; ++e) {
+      s.expert_offset[e] = (int32_t)rows;
+      rows += seg[e];
+    }
+    s.expert_offset[El] = (int32_t)rows;
+    *s.flag = rows > s.capacity ? 2 : 0;
+  }
+}
+
+/* 2. a thread a row: its expert (binary search over the offsets), its source and index
+ * (mok_sched_row_source over src_count), its route from the source's send order. */
+__global__ void k_ep_rows(mokEpSchedule_t s) {
+  if (*(const volatile int32_t *)s.flag) return;
+  const int N = s.num_ranks, El = s.local_experts;
+  const int32_t rows = s.expert_offset[El];
+  for (int64_t row = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; row < rows;
+       row += (int64_t)gridDim.x * blockDim.x) {
+    int lo = 0, hi = El - 1; /* the last e with expert_offset[e] <= row */
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (s.expert_offset[mid] <= row) lo = mid;
+      else hi = mid - 1;
+    }
+    int32_t i = 0;
+    const int src = mok_sched_row_source(s.src_count + lo, El, N, (int32_t)(row - s.expert_offset[lo]), &i);
+    if (src < 0) {
+      s.row_route[row] = -1;
+      continue;
+    }
+    const int32_t q = s.order[src][s.off[src][s.rank * El + lo] + i];
+    s.row_route[row] = mok_route_id(src, q / s.topk, q % s.topk, s.t_max, s.topk);
+  }
+}
+
+} /* namespace */
+
+extern "C" mokResult_t mok_schedule_send_order_launch(const int32_t *send_pos, int64_t routes, const int32_t *bad,
+                                                      int32_t *order, cudaStream_t stream) {
+  static const char fn[] = "mok_schedule_send_order_launch";
+  if (routes < 0 || (routes && (!send_pos || !order)))
+    return mok_error(NULL, mokInvalidArgument, "%s: routes %lld, send_pos %p, order %p", fn, (long long)routes,
+                     (const void *)send_pos, (void *)order);
+  if (!routes) return mokSuccess;
+  const int64_t blocks = (routes + 255) / 256;
+  k_send_order<<<(unsigned)(blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(send_pos, routes, bad, order);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_schedule_ep_launch(const mokEpSchedule_t *s, cudaStream_t stream) {
+  static const char fn[] = "mok_schedule_ep_launch";
+  if (!s) return mok_error(NULL, mokInvalidArgument, "%s: s is NULL", fn);
+  if (s->num_ranks < 1 || s->num_ranks > MOK_SCHEDULE_EP_MAX_RANKS || s->rank < 0 || s->rank >= s->num_ranks ||
+      s->local_experts < 1 || s->local_experts > MOK_SCHEDULE_LOCAL_MAX_EXPERTS || s->row_pad < 1 || s->t_max < 1 ||
+      s->topk < 1 || s->capacity < 0)
+    return mok_error(NULL, mokInvalidArgument, "%s: ranks %d (1..%d), rank %d, local experts %d (1..%d), row_pad %d, "
+                     "t_max %d, topk %d, capacity %lld", fn, s->num_ranks, MOK_SCHEDULE_EP_MAX_RANKS, s->rank,
+                     s->local_experts, MOK_SCHEDULE_LOCAL_MAX_EXPERTS, s->row_pad, s->t_max, s->topk,
+                     (long long)s->capacity);
+  if (!s->expert_count || !s->expert_offset || !s->src_count || !s->row_route || !s->flag)
+    return mok_error(NULL, mokInvalidArgument, "%s: an output pointer is NULL", fn);
+  for (int q = 0; q < s->num_ranks; ++q)
+    if (!s->count[q] || !s->off[q] || !s->order[q])
+      return mok_error(NULL, mokInvalidArgument, "%s: source %d's count, off or order is NULL", fn, q);
+  k_ep_segments<<<1, 1024, 0, stream>>>(*s);
+  const int64_t blocks = (s->capacity + 255) / 256;
+  k_ep_rows<<<(unsigned)(blocks < 1 ? 1 : blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(*s);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
 }

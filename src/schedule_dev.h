@@ -54,6 +54,39 @@ int64_t mok_schedule_local_scratch(int num_experts);
  * launched). */
 mokResult_t mok_schedule_local_launch(const mokLocalSchedule_t *s, cudaStream_t stream);
 
+/* ---- expert parallel (N > 1): the schedule composed from every source's send order ----
+ * (schedule_ep.h is the host version and the arithmetic; docs/MEGAKERNEL.md, "More than one
+ * GPU", stage A). Written in session 31 with a one-GPU test of N simulated sources
+ * (test_schedule_gpu.cu); not yet run on a GPU, not yet called by the layer.
+ *
+ * A source's send order: mok_schedule_local_launch over the E global experts with row_pad 1
+ * gives count (expert_count), off (expert_offset) and each route's position (send_pos);
+ * mok_schedule_send_order_launch then writes order[send_pos[q]] = q (nothing where the
+ * schedule refused its input: *bad set). */
+mokResult_t mok_schedule_send_order_launch(const int32_t *send_pos, int64_t routes, const int32_t *bad,
+                                           int32_t *order, cudaStream_t stream);
+
+#define MOK_SCHEDULE_EP_MAX_RANKS 72
+/* Expert rank `rank`'s schedule from the N sources' send orders, read through the device
+ * pointers given (peers' windows at N > 1; plain buffers in a test): bitwise
+ * mokReferenceSchedule's expert_count, expert_offset, src_count and row_route. */
+typedef struct mokEpSchedule {
+  int num_ranks, rank, local_experts, row_pad, t_max, topk;
+  const int32_t *count[MOK_SCHEDULE_EP_MAX_RANKS]; /* source s: [E] routes to each global expert */
+  const int32_t *off[MOK_SCHEDULE_EP_MAX_RANKS];   /* [E + 1] their first send position */
+  const int32_t *order[MOK_SCHEDULE_EP_MAX_RANKS]; /* [T_s * topk] slot t * topk + j, send order */
+  const int32_t *bad[MOK_SCHEDULE_EP_MAX_RANKS];   /* [1] each source's refusal flag, or NULL */
+  int64_t capacity;                                /* rows of row_route */
+  int32_t *expert_count;  /* [E_l] */
+  int32_t *expert_offset; /* [E_l + 1] */
+  int32_t *src_count;     /* [N * E_l] (required: the row pass reads it) */
+  int32_t *row_route;     /* [capacity]: route ids (s * t_max + t) * topk + j, -1 on padding rows */
+  int32_t *flag;          /* [1] out: 0, 1 = a source refused its input, 2 = rows > capacity;
+                             then row_route is not written */
+} mokEpSchedule_t;
+/* Two launches on `stream`; validates its arguments (mokInvalidArgument, nothing launched). */
+mokResult_t mok_schedule_ep_launch(const mokEpSchedule_t *s, cudaStream_t stream);
+
 #ifdef __cplusplus
 }
 #endif

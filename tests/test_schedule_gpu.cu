@@ -5,6 +5,8 @@
  * it (row_tok, route_row), send positions a permutation consistent with row_map; on
  * random, duplicate / -1, one-hot, empty-expert, all-empty and zero-token routings and
  * odd expert counts. A bad id sets the flag, records the error word and writes nothing.
+ * Also the expert-parallel schedule composed on the device from N simulated sources
+ * (schedule_device_ep_matches_reference).
  */
 #include <cuda_runtime.h>
 #include <stdlib.h>
@@ -135,4 +137,112 @@ MOK_GPU_TEST(schedule_device_matches_reference, 1) {
   one_case(t, &r, 64, 0, 8, 64, R_RANDOM); /* no tokens */
   one_case(t, &r, 512, 8192, 10, 64, R_RANDOM); /* qwen3.5's size at EP1 */
   one_case(t, &r, 1024, 40000, 8, 64, R_DUP); /* more routes than 128 CTAs of 2048 */
+}
+
+/* The expert-parallel schedule on the device (schedule_dev.h, mok_schedule_ep_launch; stage A
+ * of the megakernel at N > 1) with N sources simulated on one GPU: each source's send order
+ * (the local schedule over the E global experts, row_pad 1, then the order scatter), then
+ * every rank's composed schedule, against mokReferenceSchedule bitwise: counts, padded
+ * offsets, src_count, every row in use. Uneven and empty token counts, dropped routes, one
+ * hot expert; a source that refused its input (a bad id) and a capacity one row short set
+ * the flag and leave row_route unwritten. */
+static void ep_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int P, int mode, int bad_src) {
+  const int E = N * El;
+  mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
+  cfg.num_experts = E, cfg.hidden = 64, cfg.inter = 64, cfg.topk = k, cfg.num_ranks = N;
+  cfg.max_tokens = Tmax, cfg.row_pad = P;
+  mokLayer_t l = NULL;
+  CHECK_OK(mokLayerCreate(&l, &cfg));
+  if (t->failed) return;
+  int64_t cap = 0;
+  CHECK_OK(mokLayerScheduleCapacity(l, &cap));
+  int T[8];
+  int32_t *idx[8], *d_idx[8], *d_cnt[8], *d_pos[8], *d_rr[8], *d_tok[8], *d_map[8], *d_bad[8], *d_order[8], *d_scr[8];
+  mokRankInput_t in[8];
+  for (int s = 0; s < N; s++) {
+    T[s] = mode == R_NONE && s == 0 ? 0 : s == bad_src ? 1 + rng_int(r, Tmax) : rng_int(r, Tmax + 1);
+    const int64_t R = (int64_t)T[s] * k;
+    idx[s] = (int32_t *)malloc(4 * (size_t)R + 4);
+    for (int64_t q = 0; q < R; q++)
+      idx[s][q] = mode == R_HOT ? E / 2 : rng_int(r, 5) == 0 ? -1 : rng_int(r, E);
+    if (s == bad_src && R > 0) idx[s][rng_int(r, (int)R)] = E;
+    in[s] = (mokRankInput_t){T[s], NULL, idx[s], NULL};
+    CUDA_CHECK(cudaMalloc(&d_idx[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_cnt[s], 4 * (size_t)(2 * E + 1)));
+    CUDA_CHECK(cudaMalloc(&d_pos[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_rr[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_tok[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_map[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_order[s], 4 * (size_t)R + 4));
+    CUDA_CHECK(cudaMalloc(&d_bad[s], 4));
+    CUDA_CHECK(cudaMalloc(&d_scr[s], 4 * (size_t)mok_schedule_local_scratch(E)));
+    if (R) CUDA_CHECK(cudaMemcpy(d_idx[s], idx[s], 4 * (size_t)R, cudaMemcpyHostToDevice));
+    mokLocalSchedule_t ls;
+    memset(&ls, 0, sizeof ls);
+    ls.topk_idx = d_idx[s], ls.num_tokens = T[s], ls.topk = k, ls.num_experts = E, ls.row_pad = 1;
+    ls.expert_count = d_cnt[s], ls.expert_offset = d_cnt[s] + E, ls.send_pos = d_pos[s], ls.route_row = d_rr[s];
+    ls.row_tok = d_tok[s], ls.row_map = d_map[s], ls.bad = d_bad[s], ls.scratch = d_scr[s], ls.rank = s;
+    CHECK_OK(mok_schedule_local_launch(&ls, 0));
+    CHECK_OK(mok_schedule_send_order_launch(d_pos[s], R, d_bad[s], d_order[s], 0));
+  }
+  int32_t *d_out = NULL;
+  const size_t words = (size_t)El + (El + 1) + (size_t)N * El + (size_t)cap + 1;
+  CUDA_CHECK(cudaMalloc(&d_out, 4 * words));
+  int32_t *cnt = (int32_t *)malloc(4 * (size_t)El), *off = (int32_t *)malloc(4 * (size_t)(El + 1));
+  int32_t *srcc = (int32_t *)malloc(4 * (size_t)N * El), *rr = (int32_t *)malloc(4 * (size_t)cap);
+  int32_t *got = (int32_t *)malloc(4 * words);
+  for (int rank = 0; rank < N && !t->failed; rank++) {
+    for (int shrt = 0; shrt < 2 && !t->failed; shrt++) {
+      mokSchedule_t sc = {cap, cnt, off, srcc, rr};
+      const int ref_ok = bad_src < 0 && mokReferenceSchedule(l, rank, in, &sc) == mokSuccess;
+      CHECK(bad_src >= 0 || ref_ok);
+      if (shrt && (!ref_ok || off[El] == 0)) continue;
+      CUDA_CHECK(cudaMemset(d_out, 0x5a, 4 * words));
+      mokEpSchedule_t es;
+      memset(&es, 0, sizeof es);
+      es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = P, es.t_max = Tmax, es.topk = k;
+      for (int s = 0; s < N; s++)
+        es.count[s] = d_cnt[s], es.off[s] = d_cnt[s] + E, es.order[s] = d_order[s], es.bad[s] = d_bad[s];
+      es.capacity = shrt ? off[El] - 1 : cap;
+      es.expert_count = d_out, es.expert_offset = d_out + El, es.src_count = d_out + 2 * El + 1;
+      es.row_route = d_out + 2 * El + 1 + (size_t)N * El, es.flag = d_out + words - 1;
+      CHECK_OK(mok_schedule_ep_launch(&es, 0));
+      CUDA_CHECK(cudaDeviceSynchronize());
+      CUDA_CHECK(cudaMemcpy(got, d_out, 4 * words, cudaMemcpyDeviceToHost));
+      const int32_t flag = got[words - 1], *g_route = got + 2 * El + 1 + (size_t)N * El;
+      if (bad_src >= 0 || shrt) {
+        CHECK_MSG(flag == (shrt ? 2 : 1) && g_route[0] == 0x5a5a5a5a, "N %d rank %d: flag %d (want %d), row 0 %d", N,
+                  rank, flag, shrt ? 2 : 1, g_route[0]);
+        continue;
+      }
+      CHECK_MSG(flag == 0, "N %d rank %d: flag %d", N, rank, flag);
+      CHECK_MSG(!memcmp(got, cnt, 4 * (size_t)El) && !memcmp(got + El, off, 4 * (size_t)(El + 1)) &&
+                    !memcmp(got + 2 * El + 1, srcc, 4 * (size_t)N * El),
+                "N %d El %d k %d rank %d: counts, offsets or src_count differ", N, El, k, rank);
+      for (int32_t row = 0; row < off[El] && !t->failed; row++)
+        CHECK_MSG(g_route[row] == rr[row], "N %d El %d k %d P %d rank %d: row %d holds route %d, the reference %d", N,
+                  El, k, P, rank, row, g_route[row], rr[row]);
+    }
+  }
+  for (int s = 0; s < N; s++) {
+    cudaFree(d_idx[s]), cudaFree(d_cnt[s]), cudaFree(d_pos[s]), cudaFree(d_rr[s]), cudaFree(d_tok[s]);
+    cudaFree(d_map[s]), cudaFree(d_order[s]), cudaFree(d_bad[s]), cudaFree(d_scr[s]);
+    free(idx[s]);
+  }
+  cudaFree(d_out);
+  free(cnt), free(off), free(srcc), free(rr), free(got);
+  mokLayerDestroy(l);
+}
+
+MOK_GPU_TEST(schedule_device_ep_matches_reference, 1) {
+  rng_t r = {test_seed() ^ 0xe95c};
+  static const int Ns[] = {1, 2, 3, 8};
+  for (int i = 0; i < 4 && !t->failed; i++)
+    for (int m = 0; m < 3 && !t->failed; m++) { /* R_RANDOM, R_HOT, R_NONE (source 0 without tokens) */
+      const int mode = m == 0 ? R_RANDOM : m == 1 ? R_HOT : R_NONE;
+      const int k = 1 + rng_int(&r, 8), El0 = 1 + rng_int(&r, 40), El = El0 * Ns[i] < k ? (k + Ns[i] - 1) / Ns[i] : El0;
+      ep_case(t, &r, Ns[i], El, k, 1 + rng_int(&r, 700), 64 * (1 + rng_int(&r, 2)), mode, -1);
+    }
+  ep_case(t, &r, 8, 64, 8, 2048, 64, R_RANDOM, -1); /* an EP8 shape: 512 experts, 2048 tokens a rank */
+  ep_case(t, &r, 4, 16, 4, 300, 64, R_RANDOM, 2);   /* source 2 refused its input */
 }
