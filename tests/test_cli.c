@@ -210,6 +210,22 @@ MOK_GPU_TEST(cli_bench_layer_out_of_memory, 1) {
   CHECK_MSG(strstr(out, "T=256 EP1 nccl] forward "), "the next token count did not run: %s", out);
 }
 
+/* `mok bench stream --two-streams` (whether two launches on two streams are resident at
+ * once): exits 0 with its five cases; where launch A holds every SM, B cannot start
+ * before A's CTAs give up, so that case must say "no" whatever the machine. */
+MOK_GPU_TEST(cli_bench_stream_two_streams, 1) {
+  NEED_CLI();
+  static char out[1 << 14];
+  const int rc = run_cli("bench stream --two-streams", out, sizeof out);
+  CHECK_MSG(rc == 0, "rc %d: %s", rc, out);
+  CHECK_MSG(strstr(out, "CUDA_DEVICE_MAX_CONNECTIONS="), "%s", out);
+  const char *every = strstr(out, "| A on every SM");
+  CHECK_MSG(every && strstr(every, "| no (100 ms) |"), "the impossible case did not say no: %s", out);
+  int rows = 0;
+  for (const char *p = out; (p = strstr(p, "\n| ")); ++p) ++rows;
+  CHECK_MSG(rows == 6, "%d table rows (want a header and 5 cases): %s", rows, out);
+}
+
 /* How often s occurs in out. */
 static int count_str(const char *out, const char *s) {
   int n = 0;

@@ -422,21 +422,96 @@ static int run_mixed(void *buf, size_t dram_bytes, int K, int sms, int reps, dou
   return 0;
 }
 
+/* ---- --two-streams: do two launches on two streams run at once? ------------------------
+ * Launch A (a GEMM-like CTA: 384 threads, ~227 KB of shared memory, on `a_ctas` CTAs) and,
+ * after it, launch B (32 threads, 40 KB, on `b_ctas` CTAs, so none fits beside an A CTA)
+ * on another stream. Every CTA of each adds 1 to its launch's counter, then waits (up to
+ * 100 ms) until the other launch's counter holds all of its CTAs. Both see each other only
+ * if both launches had all their CTAs resident at once: the premise of a second launch
+ * beside a persistent kernel (the L2 warmer of session 31) and of several ranks' persistent
+ * kernels on one GPU (a loopback communicator for tests). */
+__global__ void __launch_bounds__(384, 1) meet_kernel(unsigned *mine, const unsigned *other, unsigned need,
+                                                      int *met, unsigned long long budget_ns) {
+  if (threadIdx.x != 0) return;
+  atomicAdd(mine, 1u);
+  unsigned long long t0;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  for (;;) {
+    if (*(const volatile unsigned *)other >= need) return;
+    unsigned long long t;
+    asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t));
+    if (t - t0 > budget_ns) {
+      atomicExch(met, 0);
+      return;
+    }
+    __nanosleep(1000);
+  }
+}
+
+/* One probe: A on stream sa (0: the legacy default stream), B on sb. 1 = they met. */
+static int meet_once(int a_ctas, int b_ctas, int big_b, cudaStream_t sa, cudaStream_t sb, unsigned *ctr, int *met,
+                     int *out) {
+  BS_CHECK(cudaMemset(ctr, 0, 2 * sizeof(unsigned)));
+  const int one = 1;
+  BS_CHECK(cudaMemcpy(met, &one, sizeof one, cudaMemcpyHostToDevice));
+  BS_CHECK(cudaDeviceSynchronize());
+  meet_kernel<<<a_ctas, 384, 227 << 10, sa>>>(ctr, ctr + 1, (unsigned)b_ctas, met, 100000000ull);
+  if (big_b) meet_kernel<<<b_ctas, 384, 227 << 10, sb>>>(ctr + 1, ctr, (unsigned)a_ctas, met, 100000000ull);
+  else meet_kernel<<<b_ctas, 32, 40 << 10, sb>>>(ctr + 1, ctr, (unsigned)a_ctas, met, 100000000ull);
+  BS_CHECK(cudaGetLastError());
+  BS_CHECK(cudaDeviceSynchronize());
+  BS_CHECK(cudaMemcpy(out, met, sizeof *out, cudaMemcpyDeviceToHost));
+  return 0;
+}
+
+static int run_two_streams(int sms) {
+  const char *conn = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  printf("mok bench stream --two-streams: %d SMs, CUDA_DEVICE_MAX_CONNECTIONS=%s\n", sms, conn ? conn : "(unset)");
+  BS_CHECK(cudaFuncSetAttribute(meet_kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, 227 << 10));
+  unsigned *ctr = NULL;
+  int *met = NULL;
+  BS_CHECK(cudaMalloc(&ctr, 2 * sizeof(unsigned)));
+  BS_CHECK(cudaMalloc(&met, sizeof(int)));
+  cudaStream_t nb[2];
+  for (int i = 0; i < 2; ++i) BS_CHECK(cudaStreamCreateWithFlags(&nb[i], cudaStreamNonBlocking));
+  static const struct { int a_minus, b, legacy, big_b; const char *what; } cases[] = {
+      {8, 8, 1, 0, "A on the legacy stream, B on a non-blocking one, A + B = all SMs"},
+      {8, 8, 0, 0, "both on non-blocking streams, A + B = all SMs"},
+      {-1, 0, 0, 1, "two ranks' halves: A and B each on half the SMs, B as large a CTA as A"},
+      {4, 4, 0, 0, "A + B = all SMs - 4"},
+      {0, 8, 0, 0, "A on every SM (B cannot fit: expected not to meet)"},
+  };
+  printf("| case | A CTAs | B CTAs | met |\n|---|---|---|---|\n");
+  for (size_t i = 0; i < sizeof cases / sizeof cases[0]; ++i) {
+    int a = sms - cases[i].a_minus, b = cases[i].b, out = -1;
+    if (cases[i].a_minus == -1) a = sms / 2, b = sms - sms / 2;
+    if (meet_once(a, b, cases[i].big_b, cases[i].legacy ? (cudaStream_t)0 : nb[0], nb[1], ctr, met, &out)) return 1;
+    printf("| %s | %d | %d | %s |\n", cases[i].what, a, b, out == 1 ? "yes" : "no (100 ms)");
+  }
+  for (int i = 0; i < 2; ++i) cudaStreamDestroy(nb[i]);
+  cudaFree(ctr);
+  cudaFree(met);
+  return 0;
+}
+
 static void usage(void) {
   fprintf(stderr,
-          "usage: mok bench stream [--k K] [--reps N] [--mixed]\n"
+          "usage: mok bench stream [--k K] [--reps N] [--mixed | --two-streams]\n"
           "  TMA streams into shared memory, one SM each, over a sweep of loads, ring shapes,\n"
           "  box shapes, reads in step, L2 vs DRAM and the GEMMs' token-tile stages (weights\n"
           "  streamed + L2-resident rows, alone or in 2-CTA clusters multicasting the rows)\n"
           "  (diagnostics; tools/bench_stream.cu).\n"
           "  --k: columns of the streamed matrix (a tile's k-blocks = K / 64; default 4096)\n"
-          "  --mixed: instead, one-tile experts' streams beside many-tile experts' tiles (run_mixed)\n");
+          "  --mixed: instead, one-tile experts' streams beside many-tile experts' tiles (run_mixed)\n"
+          "  --two-streams: instead, whether two launches on two streams are resident at once\n"
+          "  (run_two_streams: a persistent launch and a second one beside it)\n");
 }
 
 extern "C" int mok_bench_stream_main(int argc, char **argv) {
   int K = 4096, reps = 5, mixed = 0;
   for (int i = 1; i < argc; ++i) {
     if (!strcmp(argv[i], "--mixed")) { mixed = 1; continue; }
+    if (!strcmp(argv[i], "--two-streams")) { mixed = 2; continue; }
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h") || i + 1 >= argc) { usage(); return 2; }
     if (!strcmp(argv[i], "--k")) K = atoi(argv[++i]);
     else if (!strcmp(argv[i], "--reps")) reps = atoi(argv[++i]);
@@ -446,6 +521,7 @@ extern "C" int mok_bench_stream_main(int argc, char **argv) {
   int sms = 0, clock_khz = 0;
   BS_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
   BS_CHECK(cudaDeviceGetAttribute(&clock_khz, cudaDevAttrClockRate, 0));
+  if (mixed == 2) return run_two_streams(sms);
   const size_t dram_bytes = (size_t)3 << 30; /* past any L2 */
   void *buf = NULL;
   unsigned long long *lat = NULL;
