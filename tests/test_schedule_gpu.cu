@@ -157,7 +157,8 @@ static void ep_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int P
   int64_t cap = 0;
   CHECK_OK(mokLayerScheduleCapacity(l, &cap));
   int T[8];
-  int32_t *idx[8], *d_idx[8], *d_cnt[8], *d_pos[8], *d_rr[8], *d_tok[8], *d_map[8], *d_bad[8], *d_order[8], *d_scr[8];
+  int32_t *idx[8] = {0}, *d_idx[8] = {0}, *d_cnt[8] = {0}, *d_pos[8] = {0}, *d_rr[8] = {0}, *d_tok[8] = {0};
+  int32_t *d_map[8] = {0}, *d_bad[8] = {0}, *d_order[8] = {0}, *d_scr[8] = {0};
   mokRankInput_t in[8];
   for (int s = 0; s < N; s++) {
     T[s] = mode == R_NONE && s == 0 ? 0 : s == bad_src ? 1 + rng_int(r, Tmax) : rng_int(r, Tmax + 1);

@@ -1,0 +1,70 @@
+/*
+ * ep_dev.cu — the expert-parallel data movement of stage A (ep_dev.h): the y rows' push
+ * to their sources' combine slots, and the slot map. Plain copies through pointers; the
+ * ordering against the peers (a cross-rank barrier before the sources read their slots)
+ * is the caller's.
+ */
+#include <cuda_runtime.h>
+
+#include "ep_dev.h"
+#include "internal.h" /* defines: mok_error, CUDA_CHECK */
+#include "schedule.h" /* defines: mok_route_decode */
+
+namespace {
+
+__global__ void k_ep_push(mokEpPush_t p) {
+  if (p.flag && *(const volatile int32_t *)p.flag) return;
+  const int64_t rows = *p.rows, warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31, row_u4 = p.hidden / 8;
+  for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    const int32_t id = p.row_route[row];
+    if (id < 0) continue;
+    int s, t, j;
+    mok_route_decode(id, p.t_max, p.topk, &s, &t, &j);
+    const uint4 *src = reinterpret_cast<const uint4 *>(p.y) + row * row_u4;
+    uint4 *dst = reinterpret_cast<uint4 *>(p.dst[s]) + ((int64_t)t * p.topk + j) * row_u4;
+    for (int u = lane; u < row_u4; u += 32) dst[u] = src[u];
+  }
+}
+
+__global__ void k_ep_slots(const int32_t *topk_idx, int64_t routes, int32_t *slot) {
+  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
+    slot[q] = topk_idx[q] >= 0 ? (int32_t)q : -1;
+}
+
+unsigned grid_of(int64_t items, int per_cta) {
+  const int64_t b = (items + per_cta - 1) / per_cta;
+  return (unsigned)(b < 1 ? 1 : b > 1024 ? 1024 : b);
+}
+
+} /* namespace */
+
+extern "C" mokResult_t mok_ep_push_launch(const mokEpPush_t *p, cudaStream_t stream) {
+  static const char fn[] = "mok_ep_push_launch";
+  if (!p) return mok_error(NULL, mokInvalidArgument, "%s: p is NULL", fn);
+  if (p->num_ranks < 1 || p->num_ranks > MOK_SCHEDULE_EP_MAX_RANKS || p->t_max < 1 || p->topk < 1 ||
+      p->hidden < 8 || p->hidden % 8 || p->max_rows < 0)
+    return mok_error(NULL, mokInvalidArgument, "%s: ranks %d (1..%d), t_max %d, topk %d, hidden %d (a multiple of 8), "
+                     "max_rows %lld", fn, p->num_ranks, MOK_SCHEDULE_EP_MAX_RANKS, p->t_max, p->topk, p->hidden,
+                     (long long)p->max_rows);
+  if (!p->row_route || !p->rows || !p->y)
+    return mok_error(NULL, mokInvalidArgument, "%s: row_route, rows or y is NULL", fn);
+  for (int s = 0; s < p->num_ranks; ++s)
+    if (!p->dst[s]) return mok_error(NULL, mokInvalidArgument, "%s: dst[%d] is NULL", fn, s);
+  if (!p->max_rows) return mokSuccess;
+  k_ep_push<<<grid_of(p->max_rows, 8), 256, 0, stream>>>(*p);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot,
+                                           cudaStream_t stream) {
+  static const char fn[] = "mok_ep_slots_launch";
+  if (routes < 0 || (routes && (!topk_idx || !slot)))
+    return mok_error(NULL, mokInvalidArgument, "%s: routes %lld, topk_idx %p, slot %p", fn, (long long)routes,
+                     (const void *)topk_idx, (void *)slot);
+  if (!routes) return mokSuccess;
+  k_ep_slots<<<grid_of(routes, 256), 256, 0, stream>>>(topk_idx, routes, slot);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}

@@ -1,0 +1,43 @@
+/*
+ * ep_dev.h — the expert-parallel data movement of the megakernel at N > 1, stage A
+ * (docs/MEGAKERNEL.md, "More than one GPU"): an expert rank's y rows pushed to their
+ * sources' combine buffers, one slot a route (t * topk + j: one writer a slot, so the
+ * source's sums over j are deterministic), and the slot map a source's combine reads.
+ * Device pointers to other ranks' buffers are their windows as seen here (peer_base at
+ * N > 1; plain buffers of one GPU in the tests). Internal; C11-compatible. Written in
+ * session 31 with a one-GPU test of N simulated ranks (test_ep_gpu.cu): not yet run on a
+ * GPU, not yet called by the layer.
+ */
+#ifndef MOK_EP_DEV_H
+#define MOK_EP_DEV_H
+
+#include <stdint.h>
+
+#include "mok.h"
+#include "schedule_dev.h" /* defines: MOK_SCHEDULE_EP_MAX_RANKS */
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct mokEpPush {
+  int num_ranks, t_max, topk, hidden;         /* hidden: a multiple of 8 */
+  int64_t max_rows;                           /* rows of y and row_route (the schedule's capacity) */
+  const int32_t *row_route;                   /* [max_rows] route ids (s * t_max + t) * topk + j, -1 padding */
+  const int32_t *rows;                        /* [1] rows in use (the schedule's expert_offset[E_l]) */
+  const int32_t *flag;                        /* [1] or NULL: nonzero (the schedule's flag): nothing moves */
+  const mokBf16 *y;                           /* [max_rows, hidden] */
+  mokBf16 *dst[MOK_SCHEDULE_EP_MAX_RANKS];    /* source s's combine buffer [T_s * topk, hidden] */
+} mokEpPush_t;
+/* Row `row` of y, route (s, t, j), to dst[s] + (t * topk + j) * hidden; a warp a row.
+ * Validates its arguments (mokInvalidArgument, nothing launched). */
+mokResult_t mok_ep_push_launch(const mokEpPush_t *p, cudaStream_t stream);
+
+/* slot[q] = q where topk_idx[q] >= 0, else -1: the row map k_combine_rows reads over a
+ * combine buffer of T * topk slots (a dropped route's slot is never written). */
+mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot, cudaStream_t stream);
+
+#ifdef __cplusplus
+}
+#endif
+#endif /* MOK_EP_DEV_H */
