@@ -8,6 +8,7 @@
 
 #include "ep_dev.h"
 #include "internal.h" /* defines: mok_error, CUDA_CHECK */
+#include "bf16.h"     /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "schedule.h" /* defines: mok_route_decode */
 
 namespace {
@@ -27,9 +28,36 @@ __global__ void k_ep_push(mokEpPush_t p) {
   }
 }
 
-__global__ void k_ep_slots(const int32_t *topk_idx, int64_t routes, int32_t *slot) {
-  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x)
-    slot[q] = topk_idx[q] >= 0 ? (int32_t)q : -1;
+__global__ void k_ep_slots(const int32_t *topk_idx, int64_t routes, int32_t *slot, float *zero_dw) {
+  for (int64_t q = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; q < routes; q += (int64_t)gridDim.x * blockDim.x) {
+    const bool routed = topk_idx[q] >= 0;
+    slot[q] = routed ? (int32_t)q : -1;
+    if (zero_dw && !routed) zero_dw[q] = 0.f;
+  }
+}
+
+__global__ void k_ep_dtopk_dy(mokEpPull_t p) {
+  if (p.flag && *(const volatile int32_t *)p.flag) return;
+  const int64_t rows = *p.rows, warps = (int64_t)gridDim.x * (blockDim.x >> 5);
+  const int lane = threadIdx.x & 31, H = p.hidden;
+  for (int64_t row = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; row < rows; row += warps) {
+    const int32_t id = p.row_route[row];
+    if (id < 0) continue;
+    int s, t, j;
+    mok_route_decode(id, p.t_max, p.topk, &s, &t, &j);
+    const int64_t q = (int64_t)t * p.topk + j;
+    const float wt = p.topk_w[s][q];
+    const uint16_t *d = p.d_out[s] + (int64_t)t * H;
+    uint16_t *y = p.y + row * H;
+    float sum = 0.f;
+    for (int h = lane; h < H; h += 32) {
+      const float dv = mok_bf16_to_f32(d[h]);
+      sum += dv * mok_bf16_to_f32(y[h]);
+      y[h] = mok_f32_to_bf16(wt * dv);
+    }
+    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    if (lane == 0) p.d_topk_w[s][q] = sum;
+  }
 }
 
 unsigned grid_of(int64_t items, int per_cta) {
@@ -57,14 +85,31 @@ extern "C" mokResult_t mok_ep_push_launch(const mokEpPush_t *p, cudaStream_t str
   return mokSuccess;
 }
 
-extern "C" mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot,
+extern "C" mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot, float *zero_dw,
                                            cudaStream_t stream) {
   static const char fn[] = "mok_ep_slots_launch";
   if (routes < 0 || (routes && (!topk_idx || !slot)))
     return mok_error(NULL, mokInvalidArgument, "%s: routes %lld, topk_idx %p, slot %p", fn, (long long)routes,
                      (const void *)topk_idx, (void *)slot);
   if (!routes) return mokSuccess;
-  k_ep_slots<<<grid_of(routes, 256), 256, 0, stream>>>(topk_idx, routes, slot);
+  k_ep_slots<<<grid_of(routes, 256), 256, 0, stream>>>(topk_idx, routes, slot, zero_dw);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_ep_dtopk_dy_launch(const mokEpPull_t *p, cudaStream_t stream) {
+  static const char fn[] = "mok_ep_dtopk_dy_launch";
+  if (!p) return mok_error(NULL, mokInvalidArgument, "%s: p is NULL", fn);
+  if (p->num_ranks < 1 || p->num_ranks > MOK_SCHEDULE_EP_MAX_RANKS || p->t_max < 1 || p->topk < 1 || p->hidden < 1 ||
+      p->max_rows < 0)
+    return mok_error(NULL, mokInvalidArgument, "%s: ranks %d (1..%d), t_max %d, topk %d, hidden %d, max_rows %lld", fn,
+                     p->num_ranks, MOK_SCHEDULE_EP_MAX_RANKS, p->t_max, p->topk, p->hidden, (long long)p->max_rows);
+  if (!p->row_route || !p->rows || !p->y) return mok_error(NULL, mokInvalidArgument, "%s: row_route, rows or y is NULL", fn);
+  for (int s = 0; s < p->num_ranks; ++s)
+    if (!p->d_out[s] || !p->topk_w[s] || !p->d_topk_w[s])
+      return mok_error(NULL, mokInvalidArgument, "%s: source %d's d_out, topk_w or d_topk_w is NULL", fn, s);
+  if (!p->max_rows) return mokSuccess;
+  k_ep_dtopk_dy<<<grid_of(p->max_rows, 8), 256, 0, stream>>>(*p);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
 }

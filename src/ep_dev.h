@@ -2,7 +2,9 @@
  * ep_dev.h — the expert-parallel data movement of the megakernel at N > 1, stage A
  * (docs/MEGAKERNEL.md, "More than one GPU"): an expert rank's y rows pushed to their
  * sources' combine buffers, one slot a route (t * topk + j: one writer a slot, so the
- * source's sums over j are deterministic), and the slot map a source's combine reads.
+ * source's sums over j are deterministic), and the slot map a source's combine reads; in
+ * the backward, d_out pulled from the sources into dY rows with d_topk_w pushed back (the
+ * dX rows then go back by the same push, summed by the source with weights 1).
  * Device pointers to other ranks' buffers are their windows as seen here (peer_base at
  * N > 1; plain buffers of one GPU in the tests). Internal; C11-compatible. Written in
  * session 31 with a one-GPU test of N simulated ranks (test_ep_gpu.cu): not yet run on a
@@ -34,8 +36,29 @@ typedef struct mokEpPush {
 mokResult_t mok_ep_push_launch(const mokEpPush_t *p, cudaStream_t stream);
 
 /* slot[q] = q where topk_idx[q] >= 0, else -1: the row map k_combine_rows reads over a
- * combine buffer of T * topk slots (a dropped route's slot is never written). */
-mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot, cudaStream_t stream);
+ * combine buffer of T * topk slots (a dropped route's slot is never written); and, where
+ * zero_dw is not NULL, zero_dw[q] = 0 for a dropped route (the backward's d_topk_w: the
+ * expert ranks write only the routed slots). */
+mokResult_t mok_ep_slots_launch(const int32_t *topk_idx, int64_t routes, int32_t *slot, float *zero_dw,
+                                cudaStream_t stream);
+
+/* The backward's first step on an expert rank (EP1: baseline.cu's k_dtopk_dy): for each row
+ * in use, route (s, t, j), with d = source s's d_out row t and w = its topk_w[t * topk + j]:
+ * source s's d_topk_w[t * topk + j] = <d, the row's forward y> (fp32, lanes' sums then a
+ * fixed shuffle tree: k_dtopk_dy's order), then the row becomes bf16(w * d) in place (dY).
+ * A warp a row. */
+typedef struct mokEpPull {
+  int num_ranks, t_max, topk, hidden;
+  int64_t max_rows;
+  const int32_t *row_route;                   /* [max_rows] */
+  const int32_t *rows;                        /* [1] rows in use */
+  const int32_t *flag;                        /* [1] or NULL: nonzero, nothing read or written */
+  mokBf16 *y;                                 /* [max_rows, hidden]: the forward's y in, dY out */
+  const mokBf16 *d_out[MOK_SCHEDULE_EP_MAX_RANKS]; /* source s's [T_s, hidden] */
+  const float *topk_w[MOK_SCHEDULE_EP_MAX_RANKS];  /* source s's [T_s * topk] */
+  float *d_topk_w[MOK_SCHEDULE_EP_MAX_RANKS];      /* source s's [T_s * topk] */
+} mokEpPull_t;
+mokResult_t mok_ep_dtopk_dy_launch(const mokEpPull_t *p, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

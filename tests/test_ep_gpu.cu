@@ -5,11 +5,15 @@
  * each rank's push into every source's combine buffer; then every routed slot (t, j) of
  * every source holds exactly the y row of the row that carries route (s, t, j), every
  * dropped route's slot is untouched, and the slot map is q or -1. A set flag moves nothing.
+ * The backward's pull (ep_pull_dy_from_sources): every row becomes bf16(w * d_out row),
+ * bitwise, and every source's d_topk_w slot holds the row's <d_out, y> (float64 within
+ * 1e-5 of the terms' magnitude), its dropped routes' slots 0.
  */
 #include <cuda_runtime.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "bf16.h"
 #include "ep_dev.h"
 #include "mok.h"
 #include "schedule_ep.h"
@@ -111,7 +115,7 @@ static void push_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
     CUDA_CHECK(cudaMalloc(&d_idx, 4 * (size_t)R));
     CUDA_CHECK(cudaMalloc(&d_slot, 4 * (size_t)R));
     CUDA_CHECK(cudaMemcpy(d_idx, idx[0], 4 * (size_t)R, cudaMemcpyHostToDevice));
-    CHECK_OK(mok_ep_slots_launch(d_idx, R, d_slot, 0));
+    CHECK_OK(mok_ep_slots_launch(d_idx, R, d_slot, NULL, 0));
     CUDA_CHECK(cudaMemcpy(slot, d_slot, 4 * (size_t)R, cudaMemcpyDeviceToHost));
     for (int64_t q = 0; q < R && !t->failed; q++)
       CHECK_MSG(slot[q] == (idx[0][q] >= 0 ? q : -1), "slot %lld: %d", (long long)q, slot[q]);
@@ -139,5 +143,123 @@ MOK_GPU_TEST(ep_push_to_source_slots, 1) {
   CHECK_STATUS(mok_ep_push_launch(&p, 0), mokInvalidArgument);
   p.hidden = 16;
   CHECK_STATUS(mok_ep_push_launch(&p, 0), mokInvalidArgument); /* NULL pointers */
-  CHECK_STATUS(mok_ep_slots_launch(NULL, 4, NULL, 0), mokInvalidArgument);
+  CHECK_STATUS(mok_ep_slots_launch(NULL, 4, NULL, NULL, 0), mokInvalidArgument);
+}
+
+static void pull_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int H, int P) {
+  const int E = N * El;
+  int T[8];
+  int32_t *idx[8] = {0}, *cnt[8] = {0}, *off[8] = {0}, *order[8] = {0};
+  mokBf16 *dout[8] = {0}, *d_dout[8] = {0};
+  float *w[8] = {0}, *d_w[8] = {0}, *d_dw[8] = {0};
+  int32_t *d_idx[8] = {0}, *d_slot[8] = {0};
+  for (int s = 0; s < N; s++) {
+    T[s] = 1 + rng_int(r, Tmax);
+    const int64_t R = (int64_t)T[s] * k;
+    idx[s] = (int32_t *)malloc(4 * (size_t)R);
+    for (int64_t q = 0; q < R; q++) idx[s][q] = rng_int(r, 5) == 0 ? -1 : rng_int(r, E);
+    cnt[s] = (int32_t *)malloc(4 * (size_t)E), off[s] = (int32_t *)malloc(4 * (size_t)(E + 1));
+    order[s] = (int32_t *)malloc(4 * (size_t)R);
+    CHECK(mok_sched_send(idx[s], T[s], k, E, cnt[s], off[s], order[s]) == -1);
+    dout[s] = (mokBf16 *)malloc(2 * (size_t)T[s] * H);
+    for (int64_t i = 0; i < (int64_t)T[s] * H; i++) dout[s][i] = mok_f32_to_bf16((float)rng_sym(r));
+    w[s] = (float *)malloc(4 * (size_t)R);
+    for (int64_t q = 0; q < R; q++) w[s][q] = (float)rng_unif(r);
+    CUDA_CHECK(cudaMalloc(&d_dout[s], 2 * (size_t)T[s] * H));
+    CUDA_CHECK(cudaMalloc(&d_w[s], 4 * (size_t)R));
+    CUDA_CHECK(cudaMalloc(&d_dw[s], 4 * (size_t)R));
+    CUDA_CHECK(cudaMalloc(&d_idx[s], 4 * (size_t)R));
+    CUDA_CHECK(cudaMalloc(&d_slot[s], 4 * (size_t)R));
+    CUDA_CHECK(cudaMemcpy(d_dout[s], dout[s], 2 * (size_t)T[s] * H, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_w[s], w[s], 4 * (size_t)R, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_idx[s], idx[s], 4 * (size_t)R, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemset(d_dw[s], 0xff, 4 * (size_t)R)); /* NaN: every slot must be written */
+    CHECK_OK(mok_ep_slots_launch(d_idx[s], R, d_slot[s], d_dw[s], 0));
+  }
+  const int64_t cap = (int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P;
+  int32_t *rr[8] = {0}, *d_rr[8] = {0}, *d_rows[8] = {0};
+  mokBf16 *y[8] = {0}, *d_y[8] = {0};
+  int64_t used[8] = {0};
+  for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
+    int32_t *ec = (int32_t *)malloc(4 * (size_t)El), *eo = (int32_t *)malloc(4 * (size_t)(El + 1));
+    rr[e_rank] = (int32_t *)malloc(4 * (size_t)cap);
+    used[e_rank] = mok_sched_compose(N, El, e_rank, P, Tmax, k, (const int32_t *const *)cnt, (const int32_t *const *)off,
+                                     (const int32_t *const *)order, ec, eo, NULL, rr[e_rank], cap);
+    CHECK(used[e_rank] >= 0);
+    y[e_rank] = (mokBf16 *)malloc(2 * (size_t)cap * H);
+    for (int64_t i = 0; i < cap * H; i++) y[e_rank][i] = mok_f32_to_bf16((float)rng_sym(r));
+    CUDA_CHECK(cudaMalloc(&d_y[e_rank], 2 * (size_t)cap * H));
+    CUDA_CHECK(cudaMalloc(&d_rr[e_rank], 4 * (size_t)cap));
+    CUDA_CHECK(cudaMalloc(&d_rows[e_rank], 4));
+    CUDA_CHECK(cudaMemcpy(d_y[e_rank], y[e_rank], 2 * (size_t)cap * H, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(d_rr[e_rank], rr[e_rank], 4 * (size_t)cap, cudaMemcpyHostToDevice));
+    const int32_t rows = (int32_t)used[e_rank];
+    CUDA_CHECK(cudaMemcpy(d_rows[e_rank], &rows, 4, cudaMemcpyHostToDevice));
+    mokEpPull_t p;
+    memset(&p, 0, sizeof p);
+    p.num_ranks = N, p.t_max = Tmax, p.topk = k, p.hidden = H, p.max_rows = cap;
+    p.row_route = d_rr[e_rank], p.rows = d_rows[e_rank], p.flag = NULL, p.y = d_y[e_rank];
+    for (int s = 0; s < N; s++) p.d_out[s] = d_dout[s], p.topk_w[s] = d_w[s], p.d_topk_w[s] = d_dw[s];
+    CHECK_OK(mok_ep_dtopk_dy_launch(&p, 0));
+    free(ec), free(eo);
+  }
+  CUDA_CHECK(cudaDeviceSynchronize());
+  /* dY rows, bitwise */
+  mokBf16 *got = (mokBf16 *)malloc(2 * (size_t)cap * H);
+  for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
+    CUDA_CHECK(cudaMemcpy(got, d_y[e_rank], 2 * (size_t)cap * H, cudaMemcpyDeviceToHost));
+    for (int64_t row = 0; row < cap && !t->failed; row++) {
+      const int32_t id = row < used[e_rank] ? rr[e_rank][row] : -1;
+      for (int h = 0; h < H && !t->failed; h++) {
+        mokBf16 want = y[e_rank][row * H + h]; /* padding rows and rows past the segments: as they were */
+        if (id >= 0) {
+          const int s = id / k / Tmax, tt = id / k % Tmax, j = id % k;
+          want = mok_f32_to_bf16(w[s][(int64_t)tt * k + j] * mok_bf16_to_f32(dout[s][(int64_t)tt * H + h]));
+        }
+        CHECK_MSG(got[row * H + h] == want, "N %d rank %d row %lld h %d: %04x, want %04x", N, e_rank, (long long)row, h,
+                  got[row * H + h], want);
+      }
+    }
+  }
+  free(got);
+  /* d_topk_w against float64 */
+  for (int s = 0; s < N && !t->failed; s++) {
+    const int64_t R = (int64_t)T[s] * k;
+    float *dw = (float *)malloc(4 * (size_t)R);
+    CUDA_CHECK(cudaMemcpy(dw, d_dw[s], 4 * (size_t)R, cudaMemcpyDeviceToHost));
+    for (int64_t q = 0; q < R && !t->failed; q++) {
+      if (idx[s][q] < 0) {
+        CHECK_MSG(dw[q] == 0.f, "source %d dropped slot %lld: %g", s, (long long)q, dw[q]);
+        continue;
+      }
+      const int e_rank = idx[s][q] / El;
+      const int32_t id = (int32_t)(((int64_t)s * Tmax + q / k) * k + q % k);
+      int64_t row = -1;
+      for (int64_t i = 0; i < used[e_rank] && row < 0; i++) row = rr[e_rank][i] == id ? i : -1;
+      CHECK(row >= 0);
+      if (row < 0) break;
+      double want = 0, mag = 0;
+      for (int h = 0; h < H; h++) {
+        const double term = (double)mok_bf16_to_f32(dout[s][(q / k) * H + h]) * mok_bf16_to_f32(y[e_rank][row * H + h]);
+        want += term, mag += term < 0 ? -term : term;
+      }
+      CHECK_MSG(dw[q] - want <= 1e-5 * mag + 1e-30 && want - dw[q] <= 1e-5 * mag + 1e-30,
+                "source %d slot %lld: %.9g, want %.9g (terms %g)", s, (long long)q, dw[q], want, mag);
+    }
+    free(dw);
+  }
+  for (int s = 0; s < N; s++) {
+    cudaFree(d_dout[s]), cudaFree(d_w[s]), cudaFree(d_dw[s]), cudaFree(d_idx[s]), cudaFree(d_slot[s]);
+    cudaFree(d_y[s]), cudaFree(d_rr[s]), cudaFree(d_rows[s]);
+    free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]), free(dout[s]), free(w[s]), free(rr[s]), free(y[s]);
+  }
+}
+
+MOK_GPU_TEST(ep_pull_dy_from_sources, 1) {
+  rng_t r = {test_seed() ^ 0xd7};
+  static const int Ns[] = {1, 3, 8};
+  for (int i = 0; i < 3 && !t->failed; i++) {
+    const int k = 1 + rng_int(&r, 6);
+    pull_case(t, &r, Ns[i], (k + Ns[i] - 1) / Ns[i] + rng_int(&r, 5), k, 1 + rng_int(&r, 60), 1 + rng_int(&r, 300), 64);
+  }
 }
