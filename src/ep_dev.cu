@@ -1,14 +1,15 @@
 /*
  * ep_dev.cu — the expert-parallel data movement of stage A (ep_dev.h): the y rows' push
- * to their sources' combine slots, and the slot map. Plain copies through pointers; the
+ * to their sources' combine slots, the slot map, and the backward's d_out pull with
+ * d_topk_w pushed back. Plain copies through pointers; the
  * ordering against the peers (a cross-rank barrier before the sources read their slots)
  * is the caller's.
  */
 #include <cuda_runtime.h>
 
+#include "bf16.h"     /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "ep_dev.h"
 #include "internal.h" /* defines: mok_error, CUDA_CHECK */
-#include "bf16.h"     /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "schedule.h" /* defines: mok_route_decode */
 
 namespace {
