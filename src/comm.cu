@@ -55,7 +55,65 @@ struct mokComm {
   struct symbuf *bufs;
   mok_devbuf scratch;          // the row scratch its layers share (workspace.h)
   char last_error[MOK_ERRMSG_LEN];
+  struct loopback *lb;         // a loopback rank (mok_comm_create_loopback), else NULL
 };
+
+// ---- loopback ranks: N ranks of one process on one device, without NCCL (tests) -------
+// Their windows are plain device allocations (peers' bases: the same address space); the
+// host collectives meet at a barrier of the ranks' threads (one thread a rank, as
+// mokLocalRun runs them). Every step that can fail on one rank is agreed before the next
+// collective, so no rank waits at a barrier another rank will not reach.
+struct loopback {
+  int n;
+  pthread_mutex_t mu;
+  pthread_cond_t cv;
+  int arrived, aborted; // under mu
+  unsigned gen;         // barriers completed (under mu)
+  void *ptr[MOK_COMM_MAX_RANKS];
+  const void *blob[MOK_COMM_MAX_RANKS];
+  size_t bytes[MOK_COMM_MAX_RANKS];
+  int ok[MOK_COMM_MAX_RANKS];
+  int refs; // ranks holding it (__atomic_*); the last to release frees it
+};
+// A barrier of the group's threads; 0 once the group was aborted (then no one waits).
+static int lb_wait(struct loopback *lb) {
+  pthread_mutex_lock(&lb->mu);
+  if (!lb->aborted) {
+    const unsigned g = lb->gen;
+    if (++lb->arrived == lb->n) {
+      lb->arrived = 0;
+      lb->gen++;
+      pthread_cond_broadcast(&lb->cv);
+    } else {
+      while (g == lb->gen && !lb->aborted) pthread_cond_wait(&lb->cv, &lb->mu);
+    }
+  }
+  const int ok = !lb->aborted;
+  pthread_mutex_unlock(&lb->mu);
+  return ok;
+}
+static void lb_abort(struct loopback *lb) {
+  pthread_mutex_lock(&lb->mu);
+  lb->aborted = 1;
+  pthread_cond_broadcast(&lb->cv);
+  pthread_mutex_unlock(&lb->mu);
+}
+static void lb_drop(struct loopback *lb) {
+  if (__atomic_sub_fetch(&lb->refs, 1, __ATOMIC_ACQ_REL) == 0) {
+    pthread_cond_destroy(&lb->cv);
+    pthread_mutex_destroy(&lb->mu);
+    free(lb);
+  }
+}
+// Every rank passes its own ok; returns whether all did (0 in an aborted group).
+static int lb_all_ok(struct loopback *lb, int rank, int ok) {
+  lb->ok[rank] = ok;
+  if (!lb_wait(lb)) return 0;
+  int all = 1;
+  for (int q = 0; q < lb->n; q++) all = all && lb->ok[q];
+  if (!lb_wait(lb)) return 0; // nobody writes ok[] again before everyone read it
+  return all;
+}
 
 // ---- errors and device switching ---------------------------------------------------
 static mokResult_t comm_error(mokComm_t c, mokResult_t st, const char *fmt, ...)
@@ -158,11 +216,41 @@ __global__ void k_peer_bases(ncclWindow_t win, int nranks, char **out) {
 }
 
 // Collective. Allocates `total` bytes of symmetric memory, zeroed, registers it.
+static mokResult_t lb_sym_alloc(mokComm_t c, const char *fn, size_t total, void **ptr_out, char **peers) {
+  struct loopback *lb = c->lb;
+  void *p = NULL;
+  cudaError_t e = cudaMalloc(&p, total);
+  if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, total, c->side);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(c->side);
+  if (e != cudaSuccess) cudaGetLastError();
+  const int all = lb_all_ok(lb, c->rank, e == cudaSuccess);
+  if (!all) {
+    if (p) cudaFree(p);
+    if (e != cudaSuccess)
+      return comm_error(c, e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError,
+                        "%s: loopback rank %d: %zu bytes: %s", fn, c->rank, total, cudaGetErrorString(e));
+    return comm_error(c, mokOutOfMemory, "%s: loopback: another rank could not allocate %zu bytes", fn, total);
+  }
+  lb->ptr[c->rank] = p;
+  int ok = lb_wait(lb);
+  for (int q = 0; q < lb->n && ok; q++) peers[q] = (char *)lb->ptr[q];
+  if (!(ok && lb_wait(lb))) {
+    cudaFree(p);
+    return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+  }
+  *ptr_out = p;
+  return mokSuccess;
+}
+
 static mokResult_t sym_alloc(mokComm_t c, const char *fn, size_t total, void **ptr_out,
                              ncclWindow_t *win_out, char **peers) {
   mokResult_t st = mokSuccess;
   void *p = NULL;
   ncclWindow_t win = NULL;
+  if (c->lb) {
+    *win_out = NULL;
+    return lb_sym_alloc(c, fn, total, ptr_out, peers);
+  }
   C_NCCL(c->nccl, ncclMemAlloc(&p, total));
   // Zero before registering: registration is collective, so no peer can reach this
   // memory (through the window) before it is zeroed here.
@@ -194,6 +282,12 @@ out:
 // Collective. Deregisters and frees; keeps the first error, releases all.
 static mokResult_t sym_free(mokComm_t c, const char *fn, void *p, ncclWindow_t win) {
   mokResult_t st = mokSuccess;
+  if (c->lb) { // every rank done with every window before any is freed (none waits in an aborted group)
+    (void)lb_wait(c->lb);
+    cudaError_t e = p ? cudaFree(p) : cudaSuccess;
+    return e == cudaSuccess ? mokSuccess
+                            : comm_error(c, mokCudaError, "%s: cudaFree failed: %s", fn, cudaGetErrorString(e));
+  }
   if (win) C_NCCL(c->nccl, ncclCommWindowDeregister(c->nccl, win));
 out:
   if (p) {
@@ -230,6 +324,34 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
   const size_t dbytes = 16 * (size_t)(n + 1) + bytes * (size_t)(n + 1);
   if (!what) what = "value";
   if (!all_hdr) return comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
+  if (c->lb) { // the blobs in place: every rank compares every rank's with rank 0's, as below
+    struct loopback *lb = c->lb;
+    lb->blob[c->rank] = blob;
+    lb->bytes[c->rank] = bytes;
+    if (!lb_wait(lb)) {
+      free(all_hdr);
+      return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    }
+    const unsigned char *r0 = (const unsigned char *)lb->blob[0];
+    for (int r = 1; r < n && st == mokSuccess; r++) {
+      const unsigned char *x = (const unsigned char *)lb->blob[r];
+      if (lb->bytes[r] != lb->bytes[0]) {
+        st = comm_error(c, mokInvalidArgument, "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed "
+                        "%llu", fn, what, r, (unsigned long long)lb->bytes[r], (unsigned long long)lb->bytes[0]);
+        break;
+      }
+      for (size_t i = 0; i < bytes; i++)
+        if (x[i] != r0[i]) {
+          st = comm_error(c, mokInvalidArgument,
+                          "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu of %zu (0x%02x vs "
+                          "0x%02x); every rank must pass the same %s", fn, what, r, i, bytes, x[i], r0[i], what);
+          break;
+        }
+    }
+    (void)lb_wait(lb); /* every blob stays valid until every rank compared */
+    free(all_hdr);
+    return st;
+  }
   C_CUDA(cudaMallocAsync((void **)&d, dbytes, c->side));
   C_CUDA(cudaMemcpyAsync(d, hdr, 16, cudaMemcpyHostToDevice, c->side));
   C_NCCL(c->nccl, ncclAllGather(d, d + 16, 16, ncclUint8, c->nccl, c->side));
@@ -318,6 +440,10 @@ static mokResult_t comm_release(mokComm_t c, const char *fn) {
   c->d_scratch = NULL;
   c->h_word = NULL;
   c->side = NULL;
+  if (c->lb) {
+    lb_drop(c->lb);
+    c->lb = NULL;
+  }
   if (c->owns_nccl && c->nccl) {
     ncclResult_t r = ncclCommFinalize(c->nccl);
     if (r == ncclSuccess) r = ncclCommDestroy(c->nccl);
@@ -455,6 +581,9 @@ extern "C" mokResult_t mokCommGetNccl(mokComm_t comm, ncclComm_t *nccl) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommGetNccl: comm is NULL");
   if (!nccl) return comm_error(comm, mokInvalidArgument, "mokCommGetNccl: nccl is NULL");
+  if (comm->lb)
+    return comm_error(comm, mokNotSupported, "mokCommGetNccl: a loopback communicator (tests: several ranks on one "
+                      "GPU) has no NCCL communicator; what needs NCCL does not run on it");
   *nccl = comm->nccl;
   return mokSuccess;
 }
@@ -793,6 +922,136 @@ extern "C" mokResult_t mokLocalCommsCreate(int ngpus, const int *devices, const 
     }
     mok_error(NULL, st, "%s", msg);
   }
+  free(jobs);
+  return st;
+}
+
+// A loopback rank's comm: comm_create without NCCL (the same host state, config agreement
+// and workspace). Collective over the group's ranks; on failure every rank fails.
+static mokResult_t lb_create(mokComm_t *comm, struct loopback *lb, int rank, int device, const mokCommConfig_t *cfg) {
+  static const char fn[] = "mok_comm_create_loopback";
+  mokResult_t st = mokSuccess;
+  int prev = dev_enter(device);
+  mokComm_t c = (mokComm_t)calloc(1, sizeof *c);
+  int ok = c != NULL;
+  if (c) {
+    c->rank = rank, c->nranks = lb->n, c->device = device, c->cfg = *cfg, c->lb = lb;
+    __atomic_add_fetch(&lb->refs, 1, __ATOMIC_ACQ_REL);
+    ok = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) == cudaSuccess &&
+         cudaMallocHost((void **)&c->h_word, sizeof *c->h_word) == cudaSuccess &&
+         cudaMalloc((void **)&c->d_scratch, sizeof(char *) * MOK_COMM_MAX_RANKS) == cudaSuccess;
+    if (!ok) cudaGetLastError();
+  }
+  if (!lb_all_ok(lb, rank, ok)) {
+    st = mok_error(NULL, ok ? mokInternalError : mokOutOfMemory, "%s: rank %d: %s", fn, rank,
+                   ok ? "another rank could not set up" : "could not set up its stream and buffers");
+    goto out;
+  }
+  {
+    agreed_config a;
+    memset(&a, 0, sizeof a);
+    a.workspace_bytes = cfg->workspace_bytes;
+    a.timeout_ms = cfg->timeout_ms;
+    a.nranks = lb->n;
+    a.version_major = MOK_VERSION_MAJOR;
+    C_MOK(agree(c, fn, &a, sizeof a, "mokCommConfig_t"));
+  }
+  C_MOK(ws_create(c, fn, cfg->workspace_bytes));
+  {
+    const cudaError_t e = cudaDeviceSynchronize();
+    if (!lb_all_ok(lb, rank, e == cudaSuccess)) {
+      st = comm_error(c, mokCudaError, "%s: rank %d: %s", fn, rank,
+                      e == cudaSuccess ? "another rank's device failed" : cudaGetErrorString(e));
+      goto out;
+    }
+  }
+  *comm = c;
+  dev_leave(prev, device);
+  return mokSuccess;
+out:
+  if (c) {
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    comm_release(c, fn);
+    free(c);
+    mok_error(NULL, st, "%s", msg);
+  }
+  dev_leave(prev, device);
+  return st;
+}
+
+typedef struct {
+  local_job job;
+  struct loopback *lb;
+} lb_job;
+
+static void *local_loopback_thread(void *p) {
+  lb_job *j = (lb_job *)p;
+  if (cudaSetDevice(j->job.device) != cudaSuccess) {
+    lb_all_ok(j->lb, j->job.rank, 0); /* (lb_create's first meeting: the others fail there too) */
+    job_fail(&j->job, mokCudaError, "cudaSetDevice failed");
+    return NULL;
+  }
+  mokResult_t st = lb_create(&j->job.comm, j->lb, j->job.rank, j->job.device, j->job.cfg);
+  if (st != mokSuccess) job_fail(&j->job, st, mokGetLastError());
+  return NULL;
+}
+
+extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config,
+                                                mokComm_t *comms) {
+  static const char fn[] = "mok_comm_create_loopback";
+  mok_clear_error();
+  if (nranks < 1 || nranks > MOK_COMM_MAX_RANKS)
+    return mok_error(NULL, mokInvalidArgument, "%s: nranks = %d: must be 1 .. %d", fn, nranks, MOK_COMM_MAX_RANKS);
+  if (!comms) return mok_error(NULL, mokInvalidArgument, "%s: comms is NULL", fn);
+  if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device %d is negative", fn, device);
+  mokCommConfig_t cfg;
+  MOK_CHECK(config_validate(fn, config, &cfg));
+  MOK_CHECK(device_exists(fn, device, -1));
+  struct loopback *lb = (struct loopback *)calloc(1, sizeof *lb);
+  lb_job *jobs = (lb_job *)calloc((size_t)nranks, sizeof *jobs);
+  pthread_t *th = (pthread_t *)calloc((size_t)nranks, sizeof *th);
+  if (!lb || !jobs || !th) {
+    free(lb);
+    free(jobs);
+    free(th);
+    return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
+  }
+  lb->n = nranks;
+  pthread_mutex_init(&lb->mu, NULL);
+  pthread_cond_init(&lb->cv, NULL);
+  __atomic_store_n(&lb->refs, 1, __ATOMIC_RELAXED); /* this function's, dropped below */
+  for (int i = 0; i < nranks; i++) {
+    jobs[i].job.rank = i, jobs[i].job.n = nranks, jobs[i].job.device = device, jobs[i].job.cfg = &cfg;
+    jobs[i].lb = lb;
+  }
+  mokResult_t st = mokSuccess;
+  int started = 0;
+  for (; started < nranks; started++)
+    if (pthread_create(&th[started], NULL, local_loopback_thread, &jobs[started]) != 0) break;
+  if (started < nranks) { /* the started ranks would wait for the missing one: release them */
+    st = mok_error(NULL, mokInternalError, "%s: pthread_create failed for rank %d", fn, started);
+    lb_abort(lb);
+  }
+  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
+  for (int i = 0; i < started && st == mokSuccess; i++)
+    if (jobs[i].job.st != mokSuccess)
+      st = mok_error(NULL, jobs[i].job.st, "%s: rank %d (device %d): %s", fn, i, device, jobs[i].job.msg);
+  for (int i = 0; i < nranks; i++) {
+    if (st != mokSuccess && jobs[i].job.comm) { /* (aborted: some ranks made theirs) */
+      mokComm_t c = jobs[i].job.comm;
+      int prev = dev_enter(device);
+      cudaDeviceSynchronize();
+      comm_release(c, fn); /* sym_free: no waiting in an aborted group */
+      free(c);
+      dev_leave(prev, device);
+      jobs[i].job.comm = NULL;
+    }
+    comms[i] = jobs[i].job.comm;
+  }
+  if (st != mokSuccess) lb_abort(lb);
+  lb_drop(lb);
+  free(th);
   free(jobs);
   return st;
 }

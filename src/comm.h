@@ -126,6 +126,13 @@ mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int threads, in
                                      int check, uint32_t base, cudaStream_t stream);
 /* The row scratch block the layers of comm share (workspace.h; freed with comm). */
 struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
+/* Tests: nranks ranks of this process on one device, without NCCL ("loopback"): windows
+ * are plain allocations of the device, peers' bases the same address space, host
+ * collectives meet at a barrier of the ranks' threads (run them with mokLocalRun; destroy
+ * with mokLocalCommsDestroy). What needs NCCL refuses them (mokCommGetNccl:
+ * mokNotSupported). A cross-rank wait needs every rank's kernel resident at once: launch
+ * grids that fit the device together (mok bench stream --two-streams checks a machine). */
+mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Launches one CTA that records a planted error word on the device (tests). */
 mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long long word, cudaStream_t stream);
 

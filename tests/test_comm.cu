@@ -638,3 +638,59 @@ MOK_GPU_TEST(comm_gpu_reserve_workspace, 2) {
   CHECK_OK(mokLocalCommsDestroy(n, comms));
   CHECK_MSG(st == mokSuccess, "%s", msg);
 }
+
+// ---- loopback ranks: several ranks on one GPU, without NCCL (comm.h) --------------------
+// The device-side pieces the 2-GPU tests above check (workspace and symmetric buffers
+// through peer bases, 10,000 bounded barriers, agreement with its messages) on 2 and 4
+// loopback ranks of one GPU; what needs NCCL is refused. A machine that does not run the
+// ranks' kernels at once fails here by the barriers' timeout (2 s), not by a hang.
+MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
+  for (int n = 2; n <= 4 && !t->failed; n += 2) {
+    mokComm_t comms[MAX_GPUS];
+    mokCommConfig_t cfg = MOK_COMM_CONFIG_INITIALIZER;
+    cfg.workspace_bytes = (size_t)16 << 20;
+    cfg.timeout_ms = 2000;
+    CHECK_OK(mok_comm_create_loopback(n, 0, &cfg, comms));
+    if (t->failed) return;
+    for (int r = 0; r < n; r++) {
+      int rank = -1, nranks = 0, dev = -1;
+      CHECK_OK(mokCommRankInfo(comms[r], &rank, &nranks, &dev));
+      CHECK(rank == r && nranks == n && dev == 0);
+      mokCommDev cd;
+      CHECK_OK(mok_comm_device_view(comms[r], &cd));
+      for (int q = 0; q < n; q++) {
+        mokCommDev cq;
+        CHECK_OK(mok_comm_device_view(comms[q], &cq));
+        CHECK_MSG(cd.peer_base[q] == cq.peer_base[q], "rank %d sees rank %d's window at another address", r, q);
+        if (q != r) CHECK(cd.peer_base[q] != cd.peer_base[r]);
+      }
+    }
+    ncclComm_t nc = NULL;
+    CHECK_STATUS(mokCommGetNccl(comms[0], &nc), mokNotSupported);
+    CHECK(strstr(mokGetLastError(), "loopback") != NULL);
+    pattern_arg a = {(uint32_t)test_seed()};
+    const mokResult_t st1 = mokLocalRun(n, comms, run_patterns, &a);
+    char msg1[MOK_ERRMSG_LEN];
+    snprintf(msg1, sizeof msg1, "%s", mokGetLastError());
+    const mokResult_t st2 = st1 == mokSuccess ? mokLocalRun(n, comms, run_barriers, NULL) : st1;
+    char msg2[MOK_ERRMSG_LEN];
+    snprintf(msg2, sizeof msg2, "%s", mokGetLastError());
+    agree_arg *g = (agree_arg *)calloc(1, sizeof *g);
+    const mokResult_t st3 = mokLocalRun(n, comms, run_agree, g);
+    CHECK_OK(mokLocalCommsDestroy(n, comms));
+    CHECK_MSG(st1 == mokSuccess, "%d loopback ranks, patterns: %s", n, msg1);
+    CHECK_MSG(st2 == mokSuccess, "%d loopback ranks, barriers: %s", n, msg2);
+    CHECK_OK(st3);
+    for (int r = 0; r < n; r++) {
+      CHECK_MSG(g->st[r][0] == mokSuccess, "rank %d: equal blobs gave %d", r, g->st[r][0]);
+      CHECK_MSG(g->st[r][1] == mokInvalidArgument && strstr(g->msg[r], "rank 1") && strstr(g->msg[r], "byte 24"),
+                "rank %d: different blobs gave %d, '%s'", r, g->st[r][1], g->msg[r]);
+      CHECK_MSG(g->st[r][2] == mokInvalidArgument, "rank %d: different sizes gave %d", r, g->st[r][2]);
+    }
+    free(g);
+  }
+  mokComm_t c[2];
+  CHECK_STATUS(mok_comm_create_loopback(0, 0, NULL, c), mokInvalidArgument);
+  CHECK_STATUS(mok_comm_create_loopback(2, -1, NULL, c), mokInvalidArgument);
+  CHECK_STATUS(mok_comm_create_loopback(2, 0, NULL, NULL), mokInvalidArgument);
+}
