@@ -26,6 +26,50 @@
     CHECK_MSG(e_ == cudaSuccess, "%s: %s", #call, cudaGetErrorString(e_));             \
   } while (0)
 
+/* Every expert rank's rows: its schedule composed on the host from the sources' send
+ * orders, random y rows (bits: values that never equal the 0x7f7f poison; else bf16 of
+ * [-1, 1)), both on the host and the device; d_rows: [rows in use, a flag of 0]. */
+typedef struct {
+  int64_t cap;
+  int32_t *rr[8], *d_rr[8], *d_rows[8];
+  mokBf16 *y[8], *d_y[8];
+  int64_t used[8];
+} ep_ranks;
+
+static void ep_ranks_setup(test_ctx *t, rng_t *r, ep_ranks *e, int N, int El, int k, int Tmax, int H, int P,
+                           int32_t *const *cnt, int32_t *const *off, int32_t *const *order, int bits) {
+  memset(e, 0, sizeof *e);
+  e->cap = (int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P;
+  const int64_t cap = e->cap;
+  for (int q = 0; q < N && !t->failed; q++) {
+    int32_t *ec = (int32_t *)malloc(4 * (size_t)El), *eo = (int32_t *)malloc(4 * (size_t)(El + 1));
+    e->rr[q] = (int32_t *)malloc(4 * (size_t)cap);
+    e->used[q] = mok_sched_compose(N, El, q, P, Tmax, k, (const int32_t *const *)cnt, (const int32_t *const *)off,
+                                   (const int32_t *const *)order, ec, eo, NULL, e->rr[q], cap);
+    CHECK(e->used[q] >= 0);
+    e->y[q] = (mokBf16 *)malloc(2 * (size_t)cap * H);
+    for (int64_t i = 0; i < cap * H; i++)
+      e->y[q][i] = bits ? (mokBf16)(rng_next(r) & 0x7f7f) : mok_f32_to_bf16((float)rng_sym(r));
+    CUDA_CHECK(cudaMalloc(&e->d_y[q], 2 * (size_t)cap * H));
+    CUDA_CHECK(cudaMalloc(&e->d_rr[q], 4 * (size_t)cap));
+    CUDA_CHECK(cudaMalloc(&e->d_rows[q], 8));
+    CUDA_CHECK(cudaMemcpy(e->d_y[q], e->y[q], 2 * (size_t)cap * H, cudaMemcpyHostToDevice));
+    CUDA_CHECK(cudaMemcpy(e->d_rr[q], e->rr[q], 4 * (size_t)cap, cudaMemcpyHostToDevice));
+    const int32_t rows_flag[2] = {(int32_t)e->used[q], 0};
+    CUDA_CHECK(cudaMemcpy(e->d_rows[q], rows_flag, 8, cudaMemcpyHostToDevice));
+    free(ec), free(eo);
+  }
+}
+static void ep_ranks_free(ep_ranks *e, int N) {
+  for (int q = 0; q < N; q++) cudaFree(e->d_y[q]), cudaFree(e->d_rr[q]), cudaFree(e->d_rows[q]), free(e->rr[q]), free(e->y[q]);
+}
+/* The row of expert rank e_rank that holds route id, or -1. */
+static int64_t ep_row_of(const ep_ranks *e, int e_rank, int32_t id) {
+  for (int64_t i = 0; i < e->used[e_rank]; i++)
+    if (e->rr[e_rank][i] == id) return i;
+  return -1;
+}
+
 static void push_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int H, int P, int hot) {
   const int E = N * El;
   int T[8];
@@ -38,50 +82,31 @@ static void push_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
     order[s] = (int32_t *)malloc(4 * ((size_t)T[s] * k + 1));
     CHECK(mok_sched_send(idx[s], T[s], k, E, cnt[s], off[s], order[s]) == -1);
   }
-  const int64_t cap = (int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P;
+  ep_ranks er;
+  ep_ranks_setup(t, r, &er, N, El, k, Tmax, H, P, cnt, off, order, 1);
   /* every source's combine buffer, poisoned */
   mokBf16 *d_comb[8] = {0};
   for (int s = 0; s < N; s++) {
     CUDA_CHECK(cudaMalloc(&d_comb[s], 2 * ((size_t)T[s] * k + 1) * H));
     CUDA_CHECK(cudaMemset(d_comb[s], 0x7f, 2 * ((size_t)T[s] * k + 1) * H));
   }
-  int32_t *rr[8] = {0}, *d_rr[8] = {0}, *d_rows[8] = {0};
-  mokBf16 *y[8] = {0}, *d_y[8] = {0};
-  int64_t used[8] = {0};
-  for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
-    int32_t *ec = (int32_t *)malloc(4 * (size_t)El), *eo = (int32_t *)malloc(4 * (size_t)(El + 1));
-    rr[e_rank] = (int32_t *)malloc(4 * (size_t)cap);
-    used[e_rank] = mok_sched_compose(N, El, e_rank, P, Tmax, k, (const int32_t *const *)cnt, (const int32_t *const *)off,
-                                     (const int32_t *const *)order, ec, eo, NULL, rr[e_rank], cap);
-    CHECK(used[e_rank] >= 0);
-    y[e_rank] = (mokBf16 *)malloc(2 * (size_t)cap * H);
-    for (int64_t i = 0; i < cap * H; i++) y[e_rank][i] = (mokBf16)(rng_next(r) & 0x7f7f); /* never the poison */
-    CUDA_CHECK(cudaMalloc(&d_y[e_rank], 2 * (size_t)cap * H));
-    CUDA_CHECK(cudaMalloc(&d_rr[e_rank], 4 * (size_t)cap));
-    CUDA_CHECK(cudaMalloc(&d_rows[e_rank], 8));
-    CUDA_CHECK(cudaMemcpy(d_y[e_rank], y[e_rank], 2 * (size_t)cap * H, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_rr[e_rank], rr[e_rank], 4 * (size_t)cap, cudaMemcpyHostToDevice));
-    int32_t rows_flag[2] = {(int32_t)used[e_rank], 0};
-    CUDA_CHECK(cudaMemcpy(d_rows[e_rank], rows_flag, 8, cudaMemcpyHostToDevice));
-    free(ec), free(eo);
-  }
   /* a set flag first: nothing moves */
   for (int pass = 0; pass < 2 && !t->failed; pass++) {
     for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
       if (pass == 0) {
         const int32_t one = 1;
-        CUDA_CHECK(cudaMemcpy(d_rows[e_rank] + 1, &one, 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(er.d_rows[e_rank] + 1, &one, 4, cudaMemcpyHostToDevice));
       }
       mokEpPush_t p;
       memset(&p, 0, sizeof p);
-      p.num_ranks = N, p.t_max = Tmax, p.topk = k, p.hidden = H, p.max_rows = cap;
-      p.row_route = d_rr[e_rank], p.rows = d_rows[e_rank], p.flag = d_rows[e_rank] + 1, p.y = d_y[e_rank];
+      p.num_ranks = N, p.t_max = Tmax, p.topk = k, p.hidden = H, p.max_rows = er.cap;
+      p.row_route = er.d_rr[e_rank], p.rows = er.d_rows[e_rank], p.flag = er.d_rows[e_rank] + 1, p.y = er.d_y[e_rank];
       for (int s = 0; s < N; s++) p.dst[s] = d_comb[s];
       CHECK_OK(mok_ep_push_launch(&p, 0));
       if (pass == 0) {
         CUDA_CHECK(cudaDeviceSynchronize());
         const int32_t zero = 0;
-        CUDA_CHECK(cudaMemcpy(d_rows[e_rank] + 1, &zero, 4, cudaMemcpyHostToDevice));
+        CUDA_CHECK(cudaMemcpy(er.d_rows[e_rank] + 1, &zero, 4, cudaMemcpyHostToDevice));
       }
     }
     CUDA_CHECK(cudaDeviceSynchronize());
@@ -98,11 +123,10 @@ static void push_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
         }
         const int e_rank = idx[s][q] / El;
         const int32_t id = (int32_t)(((int64_t)s * Tmax + q / k) * k + q % k);
-        int64_t row = -1;
-        for (int64_t i = 0; i < used[e_rank] && row < 0; i++) row = rr[e_rank][i] == id ? i : -1;
+        const int64_t row = ep_row_of(&er, e_rank, id);
         CHECK_MSG(row >= 0, "N %d: route %d on no row of rank %d", N, id, e_rank);
         if (row >= 0)
-          CHECK_MSG(!memcmp(slot, y[e_rank] + row * H, 2 * (size_t)H), "N %d El %d k %d H %d: source %d slot %lld "
+          CHECK_MSG(!memcmp(slot, er.y[e_rank] + row * H, 2 * (size_t)H), "N %d El %d k %d H %d: source %d slot %lld "
                     "differs from rank %d row %lld", N, El, k, H, s, (long long)q, e_rank, (long long)row);
       }
       free(comb);
@@ -121,9 +145,10 @@ static void push_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
       CHECK_MSG(slot[q] == (idx[0][q] >= 0 ? q : -1), "slot %lld: %d", (long long)q, slot[q]);
     cudaFree(d_idx), cudaFree(d_slot), free(slot);
   }
+  ep_ranks_free(&er, N);
   for (int s = 0; s < N; s++) {
-    cudaFree(d_comb[s]), cudaFree(d_y[s]), cudaFree(d_rr[s]), cudaFree(d_rows[s]);
-    free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]), free(rr[s]), free(y[s]);
+    cudaFree(d_comb[s]);
+    free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]);
   }
 }
 
@@ -176,42 +201,26 @@ static void pull_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
     CUDA_CHECK(cudaMemset(d_dw[s], 0xff, 4 * (size_t)R)); /* NaN: every slot must be written */
     CHECK_OK(mok_ep_slots_launch(d_idx[s], R, d_slot[s], d_dw[s], 0));
   }
-  const int64_t cap = (int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P;
-  int32_t *rr[8] = {0}, *d_rr[8] = {0}, *d_rows[8] = {0};
-  mokBf16 *y[8] = {0}, *d_y[8] = {0};
-  int64_t used[8] = {0};
+  ep_ranks er;
+  ep_ranks_setup(t, r, &er, N, El, k, Tmax, H, P, cnt, off, order, 0);
+  const int64_t cap = er.cap;
   for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
-    int32_t *ec = (int32_t *)malloc(4 * (size_t)El), *eo = (int32_t *)malloc(4 * (size_t)(El + 1));
-    rr[e_rank] = (int32_t *)malloc(4 * (size_t)cap);
-    used[e_rank] = mok_sched_compose(N, El, e_rank, P, Tmax, k, (const int32_t *const *)cnt, (const int32_t *const *)off,
-                                     (const int32_t *const *)order, ec, eo, NULL, rr[e_rank], cap);
-    CHECK(used[e_rank] >= 0);
-    y[e_rank] = (mokBf16 *)malloc(2 * (size_t)cap * H);
-    for (int64_t i = 0; i < cap * H; i++) y[e_rank][i] = mok_f32_to_bf16((float)rng_sym(r));
-    CUDA_CHECK(cudaMalloc(&d_y[e_rank], 2 * (size_t)cap * H));
-    CUDA_CHECK(cudaMalloc(&d_rr[e_rank], 4 * (size_t)cap));
-    CUDA_CHECK(cudaMalloc(&d_rows[e_rank], 4));
-    CUDA_CHECK(cudaMemcpy(d_y[e_rank], y[e_rank], 2 * (size_t)cap * H, cudaMemcpyHostToDevice));
-    CUDA_CHECK(cudaMemcpy(d_rr[e_rank], rr[e_rank], 4 * (size_t)cap, cudaMemcpyHostToDevice));
-    const int32_t rows = (int32_t)used[e_rank];
-    CUDA_CHECK(cudaMemcpy(d_rows[e_rank], &rows, 4, cudaMemcpyHostToDevice));
     mokEpPull_t p;
     memset(&p, 0, sizeof p);
     p.num_ranks = N, p.t_max = Tmax, p.topk = k, p.hidden = H, p.max_rows = cap;
-    p.row_route = d_rr[e_rank], p.rows = d_rows[e_rank], p.flag = NULL, p.y = d_y[e_rank];
+    p.row_route = er.d_rr[e_rank], p.rows = er.d_rows[e_rank], p.flag = NULL, p.y = er.d_y[e_rank];
     for (int s = 0; s < N; s++) p.d_out[s] = d_dout[s], p.topk_w[s] = d_w[s], p.d_topk_w[s] = d_dw[s];
     CHECK_OK(mok_ep_dtopk_dy_launch(&p, 0));
-    free(ec), free(eo);
   }
   CUDA_CHECK(cudaDeviceSynchronize());
   /* dY rows, bitwise */
   mokBf16 *got = (mokBf16 *)malloc(2 * (size_t)cap * H);
   for (int e_rank = 0; e_rank < N && !t->failed; e_rank++) {
-    CUDA_CHECK(cudaMemcpy(got, d_y[e_rank], 2 * (size_t)cap * H, cudaMemcpyDeviceToHost));
+    CUDA_CHECK(cudaMemcpy(got, er.d_y[e_rank], 2 * (size_t)cap * H, cudaMemcpyDeviceToHost));
     for (int64_t row = 0; row < cap && !t->failed; row++) {
-      const int32_t id = row < used[e_rank] ? rr[e_rank][row] : -1;
+      const int32_t id = row < er.used[e_rank] ? er.rr[e_rank][row] : -1;
       for (int h = 0; h < H && !t->failed; h++) {
-        mokBf16 want = y[e_rank][row * H + h]; /* padding rows and rows past the segments: as they were */
+        mokBf16 want = er.y[e_rank][row * H + h]; /* padding rows and rows past the segments: as they were */
         if (id >= 0) {
           const int s = id / k / Tmax, tt = id / k % Tmax, j = id % k;
           want = mok_f32_to_bf16(w[s][(int64_t)tt * k + j] * mok_bf16_to_f32(dout[s][(int64_t)tt * H + h]));
@@ -234,13 +243,12 @@ static void pull_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
       }
       const int e_rank = idx[s][q] / El;
       const int32_t id = (int32_t)(((int64_t)s * Tmax + q / k) * k + q % k);
-      int64_t row = -1;
-      for (int64_t i = 0; i < used[e_rank] && row < 0; i++) row = rr[e_rank][i] == id ? i : -1;
+      const int64_t row = ep_row_of(&er, e_rank, id);
       CHECK(row >= 0);
       if (row < 0) break;
       double want = 0, mag = 0;
       for (int h = 0; h < H; h++) {
-        const double term = (double)mok_bf16_to_f32(dout[s][(q / k) * H + h]) * mok_bf16_to_f32(y[e_rank][row * H + h]);
+        const double term = (double)mok_bf16_to_f32(dout[s][(q / k) * H + h]) * mok_bf16_to_f32(er.y[e_rank][row * H + h]);
         want += term, mag += term < 0 ? -term : term;
       }
       CHECK_MSG(dw[q] - want <= 1e-5 * mag + 1e-30 && want - dw[q] <= 1e-5 * mag + 1e-30,
@@ -248,10 +256,10 @@ static void pull_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int
     }
     free(dw);
   }
+  ep_ranks_free(&er, N);
   for (int s = 0; s < N; s++) {
     cudaFree(d_dout[s]), cudaFree(d_w[s]), cudaFree(d_dw[s]), cudaFree(d_idx[s]), cudaFree(d_slot[s]);
-    cudaFree(d_y[s]), cudaFree(d_rr[s]), cudaFree(d_rows[s]);
-    free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]), free(dout[s]), free(w[s]), free(rr[s]), free(y[s]);
+    free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]), free(dout[s]), free(w[s]);
   }
 }
 

@@ -30,6 +30,19 @@ static void make_routing(routing_case *c, rng_t *r, int mode) {
     }
   }
 }
+/* A random shape: 1..max_n ranks, k 1..max_k, 1..max_el experts a rank (at least k in all),
+ * up to max_t tokens a rank, P 64 or 128; rank `empty` (>= N: the last) without tokens,
+ * none where it is negative. */
+static void random_shape(routing_case *c, rng_t *r, int max_n, int max_k, int max_el, int max_t, int empty) {
+  c->N = 1 + rng_int(r, max_n);
+  c->k = 1 + rng_int(r, max_k);
+  c->E = c->N * (1 + rng_int(r, max_el));
+  while (c->E < c->k) c->E += c->N;
+  c->Tmax = 1 + rng_int(r, max_t);
+  c->P = 64 * (1 + rng_int(r, 2));
+  if (empty >= c->N) empty = c->N - 1;
+  for (int s = 0; s < c->N; s++) c->T[s] = s == empty ? 0 : rng_int(r, c->Tmax + 1);
+}
 static void free_routing(routing_case *c) {
   for (int s = 0; s < c->N; s++) free(c->idx[s]);
 }
@@ -95,13 +108,7 @@ MOK_TEST(schedule_invariants_random_routings) {
   rng_t r = {test_seed() ^ 0x51};
   for (int iter = 0; iter < 40; iter++) {
     routing_case c = {0};
-    c.N = 1 + rng_int(&r, 4);
-    c.k = 1 + rng_int(&r, 6);
-    c.E = c.N * (1 + rng_int(&r, 6));
-    while (c.E < c.k) c.E += c.N;
-    c.Tmax = 1 + rng_int(&r, 40);
-    c.P = 64 * (1 + rng_int(&r, 2));
-    for (int s = 0; s < c.N; s++) c.T[s] = iter % 5 == 0 && s == 0 ? 0 : rng_int(&r, c.Tmax + 1);
+    random_shape(&c, &r, 4, 6, 6, 40, iter % 5 == 0 ? 0 : -1);
     make_routing(&c, &r, iter % 7 == 3);
     mokLayer_t l = make_layer(&c);
     CHECK(l != NULL);
@@ -207,13 +214,7 @@ MOK_TEST(schedule_composed_from_sources_equals_reference) {
   rng_t r = {test_seed() ^ 0xe9};
   for (int iter = 0; iter < 60 && !t->failed; iter++) {
     routing_case c = {0};
-    c.N = 1 + rng_int(&r, 8);
-    c.k = 1 + rng_int(&r, 8);
-    c.E = c.N * (1 + rng_int(&r, 8));
-    while (c.E < c.k) c.E += c.N;
-    c.Tmax = 1 + rng_int(&r, 60);
-    c.P = 64 * (1 + rng_int(&r, 2));
-    for (int s = 0; s < c.N; s++) c.T[s] = iter % 4 == 0 && s == c.N - 1 ? 0 : rng_int(&r, c.Tmax + 1);
+    random_shape(&c, &r, 8, 8, 8, 60, iter % 4 == 0 ? 8 : -1); /* (8: the last rank without tokens) */
     make_routing(&c, &r, iter % 6 == 5);
     mokLayer_t l = make_layer(&c);
     CHECK(l != NULL);
