@@ -313,6 +313,23 @@ static uint64_t fnv1a(const void *p, size_t n) {
   return h;
 }
 
+// agree's checks of rank r's blob against rank 0's: the same messages on every rank.
+static mokResult_t agree_size(mokComm_t c, const char *fn, const char *what, int r, uint64_t br, uint64_t b0) {
+  if (br == b0) return mokSuccess;
+  return comm_error(c, mokInvalidArgument, "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed %llu",
+                    fn, what, r, (unsigned long long)br, (unsigned long long)b0);
+}
+static mokResult_t agree_bytes(mokComm_t c, const char *fn, const char *what, int r, const unsigned char *x,
+                               const unsigned char *r0, size_t bytes) {
+  for (size_t i = 0; i < bytes; i++)
+    if (x[i] != r0[i])
+      return comm_error(c, mokInvalidArgument,
+                        "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu "
+                        "of %zu (0x%02x vs 0x%02x); every rank must pass the same %s",
+                        fn, what, r, i, bytes, x[i], r0[i], what);
+  return mokSuccess;
+}
+
 // Collective: all-gather (bytes, hash), then the blobs, then compare with rank 0.
 static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t bytes, const char *what) {
   mokResult_t st = mokSuccess;
@@ -332,22 +349,9 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
       free(all_hdr);
       return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
     }
-    const unsigned char *r0 = (const unsigned char *)lb->blob[0];
-    for (int r = 1; r < n && st == mokSuccess; r++) {
-      const unsigned char *x = (const unsigned char *)lb->blob[r];
-      if (lb->bytes[r] != lb->bytes[0]) {
-        st = comm_error(c, mokInvalidArgument, "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed "
-                        "%llu", fn, what, r, (unsigned long long)lb->bytes[r], (unsigned long long)lb->bytes[0]);
-        break;
-      }
-      for (size_t i = 0; i < bytes; i++)
-        if (x[i] != r0[i]) {
-          st = comm_error(c, mokInvalidArgument,
-                          "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu of %zu (0x%02x vs "
-                          "0x%02x); every rank must pass the same %s", fn, what, r, i, bytes, x[i], r0[i], what);
-          break;
-        }
-    }
+    for (int r = 1; r < n && st == mokSuccess; r++) st = agree_size(c, fn, what, r, lb->bytes[r], lb->bytes[0]);
+    for (int r = 1; r < n && st == mokSuccess; r++)
+      st = agree_bytes(c, fn, what, r, (const unsigned char *)lb->blob[r], (const unsigned char *)lb->blob[0], bytes);
     (void)lb_wait(lb); /* every blob stays valid until every rank compared */
     free(all_hdr);
     return st;
@@ -357,13 +361,7 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
   C_NCCL(c->nccl, ncclAllGather(d, d + 16, 16, ncclUint8, c->nccl, c->side));
   C_CUDA(cudaMemcpyAsync(all_hdr, d + 16, 16 * (size_t)n, cudaMemcpyDeviceToHost, c->side));
   C_CUDA(cudaStreamSynchronize(c->side));
-  for (int r = 1; r < n; r++)
-    if (all_hdr[2 * r] != all_hdr[0]) {
-      st = comm_error(c, mokInvalidArgument,
-                      "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed %llu",
-                      fn, what, r, (unsigned long long)all_hdr[2 * r], (unsigned long long)all_hdr[0]);
-      goto out;
-    }
+  for (int r = 1; r < n; r++) C_MOK(agree_size(c, fn, what, r, all_hdr[2 * r], all_hdr[0]));
   {
     // Same sizes everywhere: the blobs can be gathered safely.
     all = (unsigned char *)malloc(bytes * (size_t)n);
@@ -376,17 +374,7 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
     C_NCCL(c->nccl, ncclAllGather(dsend, drecv, bytes, ncclUint8, c->nccl, c->side));
     C_CUDA(cudaMemcpyAsync(all, drecv, bytes * (size_t)n, cudaMemcpyDeviceToHost, c->side));
     C_CUDA(cudaStreamSynchronize(c->side));
-    for (int r = 1; r < n; r++) {
-      const unsigned char *x = all + (size_t)r * bytes;
-      for (size_t i = 0; i < bytes; i++)
-        if (x[i] != all[i]) {
-          st = comm_error(c, mokInvalidArgument,
-                          "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu "
-                          "of %zu (0x%02x vs 0x%02x); every rank must pass the same %s",
-                          fn, what, r, i, bytes, x[i], all[i], what);
-          goto out;
-        }
-    }
+    for (int r = 1; r < n; r++) C_MOK(agree_bytes(c, fn, what, r, all + (size_t)r * bytes, all, bytes));
   }
 out:
   if (d) cudaFreeAsync(d, c->side);
