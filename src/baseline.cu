@@ -38,6 +38,7 @@
 #include "comm.h"
 #include "gemm.h"
 #include "internal.h"
+#include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
 #include "schedule_dev.h"
 #include "workspace.h"
 
@@ -301,19 +302,8 @@ __global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__res
   int lane = threadIdx.x & 31;
   for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
        q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-    int32_t r = row[q];
-    float s = 0.f;
-    if (r >= 0) {
-      const float wt = w[q];
-      const uint16_t *d = dout + (q / k) * H;
-      uint16_t *y = rows + (int64_t)r * H;
-      for (int h = lane; h < H; h += 32) {
-        const float dv = mok_bf16_to_f32(d[h]);
-        s += dv * mok_bf16_to_f32(y[h]);
-        y[h] = mok_f32_to_bf16(wt * dv);
-      }
-    }
-    for (int o = 16; o; o >>= 1) s += __shfl_xor_sync(0xffffffffu, s, o);
+    const int32_t r = row[q];
+    const float s = r >= 0 ? mok_dtopk_dy_row(dout + (q / k) * H, rows + (int64_t)r * H, w[q], H, lane) : 0.f;
     if (lane == 0) dw[q] = s;
   }
 }

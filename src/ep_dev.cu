@@ -7,10 +7,10 @@
  */
 #include <cuda_runtime.h>
 
-#include "bf16.h"     /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "ep_dev.h"
-#include "internal.h" /* defines: mok_error, CUDA_CHECK */
-#include "schedule.h" /* defines: mok_route_decode */
+#include "internal.h"       /* defines: mok_error, CUDA_CHECK */
+#include "route_rows.cuh"   /* defines: mok_dtopk_dy_row */
+#include "schedule.h"       /* defines: mok_route_decode */
 
 namespace {
 
@@ -47,16 +47,7 @@ __global__ void k_ep_dtopk_dy(mokEpPull_t p) {
     int s, t, j;
     mok_route_decode(id, p.t_max, p.topk, &s, &t, &j);
     const int64_t q = (int64_t)t * p.topk + j;
-    const float wt = p.topk_w[s][q];
-    const uint16_t *d = p.d_out[s] + (int64_t)t * H;
-    uint16_t *y = p.y + row * H;
-    float sum = 0.f;
-    for (int h = lane; h < H; h += 32) {
-      const float dv = mok_bf16_to_f32(d[h]);
-      sum += dv * mok_bf16_to_f32(y[h]);
-      y[h] = mok_f32_to_bf16(wt * dv);
-    }
-    for (int o = 16; o; o >>= 1) sum += __shfl_xor_sync(0xffffffffu, sum, o);
+    const float sum = mok_dtopk_dy_row(p.d_out[s] + (int64_t)t * H, p.y + row * H, p.topk_w[s][q], H, lane);
     if (lane == 0) p.d_topk_w[s][q] = sum;
   }
 }
