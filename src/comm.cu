@@ -973,6 +973,8 @@ typedef struct {
   struct loopback *lb;
 } lb_job;
 
+static mokResult_t lb_preload(const char *fn, int device);
+
 static void *local_loopback_thread(void *p) {
   lb_job *j = (lb_job *)p;
   if (cudaSetDevice(j->job.device) != cudaSuccess) {
@@ -996,6 +998,7 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
   mokCommConfig_t cfg;
   MOK_CHECK(config_validate(fn, config, &cfg));
   MOK_CHECK(device_exists(fn, device, -1));
+  MOK_CHECK(lb_preload(fn, device));
   struct loopback *lb = (struct loopback *)calloc(1, sizeof *lb);
   lb_job *jobs = (lb_job *)calloc((size_t)nranks, sizeof *jobs);
   pthread_t *th = (pthread_t *)calloc((size_t)nranks, sizeof *th);
@@ -1162,6 +1165,24 @@ __global__ void k_barriers(mokCommDev c, int count, int check, uint32_t base) {
 }
 
 __global__ void k_plant_error(mokCommDev c, unsigned long long word) { mok_record_error(c, word); }
+
+// Loopback ranks share one context: under CUDA's lazy loading, the first launch of a kernel
+// loads it, and a load can wait for the kernels running on the device, among them another
+// rank's kernel waiting at a barrier for this launch (a deadlock that ends at the timeout).
+// Loading the comm's kernels here, before any rank runs, keeps its own launches out of that.
+static mokResult_t lb_preload(const char *fn, int device) {
+  const void *k[] = {(const void *)k_barriers, (const void *)k_plant_error};
+  const int prev = dev_enter(device);
+  cudaError_t e = cudaSuccess;
+  for (int i = 0; i < 2 && e == cudaSuccess; i++) {
+    cudaFuncAttributes a;
+    e = cudaFuncGetAttributes(&a, k[i]);
+  }
+  dev_leave(prev, device);
+  if (e != cudaSuccess)
+    return mok_error(NULL, mokCudaError, "%s: loading the comm kernels failed: %s", fn, cudaGetErrorString(e));
+  return mokSuccess;
+}
 
 extern "C" mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int threads, int count,
                                                 int check, uint32_t base, cudaStream_t stream) {

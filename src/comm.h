@@ -131,7 +131,11 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * collectives meet at a barrier of the ranks' threads (run them with mokLocalRun; destroy
  * with mokLocalCommsDestroy). What needs NCCL refuses them (mokCommGetNccl:
  * mokNotSupported). A cross-rank wait needs every rank's kernel resident at once: launch
- * grids that fit the device together (mok bench stream --two-streams checks a machine). */
+ * grids that fit the device together (mok bench stream --two-streams checks a machine),
+ * and every kernel a rank launches while another rank's kernel waits for it loaded before
+ * the ranks run (cudaFuncGetAttributes on it, or CUDA_MODULE_LOADING=EAGER): with lazy
+ * loading a first launch can wait for the running kernels, and so for itself. The comm's
+ * own kernels are loaded here. */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Launches one CTA that records a planted error word on the device (tests). */
 mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long long word, cudaStream_t stream);

@@ -652,6 +652,13 @@ MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
     cfg.timeout_ms = 2000;
     CHECK_OK(mok_comm_create_loopback(n, 0, &cfg, comms));
     if (t->failed) return;
+    // the ranks' kernels wait for each other: load them before they run (comm.h)
+    const void *kern[] = {(const void *)k_ws_patterns, (const void *)k_buf_push, (const void *)k_buf_check};
+    for (int k = 0; k < 3; k++) {
+      cudaFuncAttributes fa;
+      const cudaError_t e = cudaFuncGetAttributes(&fa, kern[k]);
+      CHECK_MSG(e == cudaSuccess, "loading test kernel %d: %s", k, cudaGetErrorString(e));
+    }
     for (int r = 0; r < n; r++) {
       int rank = -1, nranks = 0, dev = -1;
       CHECK_OK(mokCommRankInfo(comms[r], &rank, &nranks, &dev));
