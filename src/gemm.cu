@@ -841,7 +841,18 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
   if (!mega) return mok_error(NULL, mokInvalidArgument, "%s: mega is NULL", fn);
   if (mega->comm_ctas < 1)
     return mok_error(NULL, mokInvalidArgument, "%s: comm_ctas %d (need >= 1)", fn, mega->comm_ctas);
-  MOK_CHECK(check_ptr(fn, "row_tok", mega->row_tok));
+  if (mega->row_route) {
+    MOK_CHECK(check_ptr(fn, "row_route", mega->row_route));
+    MOK_CHECK(check_ptr(fn, "x_src", mega->x_src));
+    if (mega->num_src < 1 || mega->num_src > MOK_GEMM_MAX_SOURCES || mega->topk < 1 || mega->t_max < 1 ||
+        (int64_t)mega->num_src * mega->t_max * mega->topk > INT32_MAX)
+      return mok_error(NULL, mokInvalidArgument, "%s: num_src %d, t_max %d, topk %d: need 1 .. %d sources, t_max and "
+                       "topk >= 1 and route ids below 2^31", fn, mega->num_src, mega->t_max, mega->topk,
+                       MOK_GEMM_MAX_SOURCES);
+  } else {
+    MOK_CHECK(check_ptr(fn, "row_tok", mega->row_tok));
+  }
+  if (mega->ctas < 0) return mok_error(NULL, mokInvalidArgument, "%s: ctas %d is negative", fn, mega->ctas);
   MOK_CHECK(check_ptr(fn, "bad", mega->bad));
   if (mega->x) MOK_CHECK(check_ptr(fn, "mega->x", mega->x)); /* (NULL: no tokens, every row padding) */
   GemmTileArgs ga, da;

@@ -70,6 +70,7 @@ typedef struct mokGemmRows {
 } mokGemmRows_t;
 
 #define MOK_GEMM_MAX_EXPERTS 1024
+#define MOK_GEMM_MAX_SOURCES 72 /* the megakernel's source ranks (mokFfnMega_t's x_src) */
 /* The row padding the tiles are built for: 64 (one warpgroup's rows). Larger multiples of
  * 64 work too; 64 keeps the padding waste at <= 63 rows per expert. */
 #define MOK_GEMM_ROW_PAD 64
@@ -123,7 +124,17 @@ mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, int inter, f
  * expert start once all its rows are there. */
 typedef struct mokFfnMega {
   const mokBf16 *x;          /* [tokens, H] (device; NULL only when every row is padding) */
-  const int32_t *row_tok;    /* [capacity] (device; rows past expert_offset[E_l] unread) */
+  const int32_t *row_tok;    /* [capacity] (device; rows past expert_offset[E_l] unread);
+                                NULL where row_route is given */
+  /* Expert parallel (N > 1), or row_route NULL (one GPU: row_tok): row r's route id
+   * (s * t_max + t) * topk + j (mokEpSchedule_t's row_route; -1 on padding rows, which get
+   * zeros) names its token, row t of source s's x, read through x_src[s] (a device array of
+   * num_src pointers: the sources' copies of x in their windows, peers' over NVLink) */
+  const int32_t *row_route;
+  const mokBf16 *const *x_src;
+  int num_src, t_max, topk;
+  int ctas;                  /* CTAs of the launch, comm CTAs included; 0: one per SM (ranks
+                                sharing a GPU, as loopback ranks do, take a share each) */
   const int32_t *bad;        /* device flag: nonzero = the schedule refused its input, the
                                 launch writes nothing */
   int comm_ctas;             /* 1 .. SMs - 1 */

@@ -74,8 +74,12 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   int sms = 0;
   const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
   MOK_CHECK(ffn_device("forward megakernel", smem, &sms));
+  if (mega->ctas > sms)
+    return mok_error(NULL, mokInvalidArgument, "forward megakernel: ctas %d > %d SMs (a CTA an SM, all resident)",
+                     mega->ctas, sms);
+  if (mega->ctas > 0) sms = mega->ctas;
   if (mega->comm_ctas >= sms)
-    return mok_error(NULL, mokInvalidArgument, "forward megakernel: comm_ctas %d leaves no CTA for the tiles (%d SMs)",
+    return mok_error(NULL, mokInvalidArgument, "forward megakernel: comm_ctas %d leaves no CTA for the tiles (%d CTAs)",
                      mega->comm_ctas, sms);
   void (*kernel)(FfnMegaArgs) = ffn_fwd_kernel<kTokMaxUnits, true>;
   CUDA_CHECK(NULL, cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -88,6 +92,10 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   f.m.src = reinterpret_cast<const uint4 *>(mega->x);
   f.m.xg = reinterpret_cast<uint4 *>(xg);
   f.m.row_tok = mega->row_tok;
+  f.m.row_route = mega->row_route;
+  f.m.x_src = reinterpret_cast<const uint4 *const *>(mega->x_src);
+  f.m.t_max = mega->t_max;
+  f.m.topk = mega->topk;
   f.m.bad = mega->bad;
   f.m.row_u4 = hidden / 8;
   f.m.comm_ctas = mega->comm_ctas;

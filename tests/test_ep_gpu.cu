@@ -15,6 +15,7 @@
 
 #include "bf16.h"
 #include "ep_dev.h"
+#include "gemm.h"
 #include "mok.h"
 #include "schedule_ep.h"
 #include "test.h"
@@ -270,4 +271,124 @@ MOK_GPU_TEST(ep_pull_dy_from_sources, 1) {
     const int k = 1 + rng_int(&r, 6);
     pull_case(t, &r, Ns[i], (k + Ns[i] - 1) / Ns[i] + rng_int(&r, 5), k, 1 + rng_int(&r, 60), 1 + rng_int(&r, 300), 64);
   }
+}
+
+/* ---- the forward megakernel reading its rows from every source (mokFfnMega_t.row_route) ----
+ * N sources' x (plain buffers of this GPU, as the sources' windows would be), expert rank
+ * q's schedule composed on the host; the megakernel on a share of the SMs gathers every
+ * row from its source (xg bitwise the host's gather, padding rows zero), and its act, gu
+ * and y are bitwise mok_gemm_ffn_fwd's on the host-gathered rows (that call is checked
+ * against float64 in test_gemm.cu). */
+static void mega_src_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int ctas, int comm_ctas, int hot) {
+  const int H = 256, I = 128, P = MOK_GEMM_ROW_PAD, E = N * El, q = rng_int(r, N);
+  int T[8];
+  int32_t *idx[8] = {0}, *cnt[8] = {0}, *off[8] = {0}, *order[8] = {0};
+  mokBf16 *x[8] = {0}, *d_x[8] = {0};
+  for (int s = 0; s < N; s++) {
+    T[s] = s == 1 ? 0 : rng_int(r, Tmax + 1); /* (source 1 sends nothing) */
+    const int64_t R = (int64_t)T[s] * k;
+    idx[s] = (int32_t *)malloc(4 * ((size_t)R + 1));
+    for (int64_t i = 0; i < R; i++)
+      idx[s][i] = hot ? q * El + El / 2 : rng_int(r, 6) == 0 ? -1 : rng_int(r, 3) ? q * El + rng_int(r, El) : rng_int(r, E);
+    if (!hot && El > 2)
+      for (int64_t i = 0; i < R; i++)
+        if (idx[s][i] == q * El + 1) idx[s][i] = -1; /* (expert 1 of rank q stays empty) */
+    cnt[s] = (int32_t *)malloc(4 * (size_t)E), off[s] = (int32_t *)malloc(4 * (size_t)(E + 1));
+    order[s] = (int32_t *)malloc(4 * ((size_t)R + 1));
+    CHECK(mok_sched_send(idx[s], T[s], k, E, cnt[s], off[s], order[s]) == -1);
+    x[s] = (mokBf16 *)malloc(2 * ((size_t)T[s] + 1) * H);
+    for (int64_t i = 0; i < ((int64_t)T[s] + 1) * H; i++) x[s][i] = mok_f32_to_bf16((float)rng_sym(r));
+    CUDA_CHECK(cudaMalloc(&d_x[s], 2 * ((size_t)T[s] + 1) * H));
+    CUDA_CHECK(cudaMemcpy(d_x[s], x[s], 2 * ((size_t)T[s] + 1) * H, cudaMemcpyHostToDevice));
+  }
+  const int64_t cap = ((int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P) / P * P;
+  int32_t *ec = (int32_t *)malloc(4 * (size_t)El), *eo = (int32_t *)malloc(4 * (size_t)(El + 1));
+  int32_t *rr = (int32_t *)malloc(4 * (size_t)cap);
+  const int64_t used = mok_sched_compose(N, El, q, P, Tmax, k, (const int32_t *const *)cnt, (const int32_t *const *)off,
+                                         (const int32_t *const *)order, ec, eo, NULL, rr, cap);
+  CHECK(used >= 0);
+  /* the rows as gathered on the host */
+  mokBf16 *xg = (mokBf16 *)calloc((size_t)cap * H, 2);
+  for (int64_t i = 0; i < used; i++)
+    if (rr[i] >= 0) {
+      const int s = rr[i] / k / Tmax, tt = rr[i] / k % Tmax;
+      memcpy(xg + i * H, x[s] + (int64_t)tt * H, 2 * (size_t)H);
+    }
+  const size_t wn = (size_t)El * I * H;
+  mokBf16 *w = (mokBf16 *)malloc(2 * 3 * wn);
+  for (size_t i = 0; i < 3 * wn; i++) w[i] = mok_f32_to_bf16((float)(0.1 * rng_sym(r)));
+  mokBf16 *d_w = NULL, *d_xg = NULL, *d_xg2 = NULL, *d_out[6] = {0};
+  int32_t *d_seg = NULL, *d_rr = NULL, *d_bad = NULL;
+  const mokBf16 **d_src = NULL;
+  CUDA_CHECK(cudaMalloc(&d_w, 2 * 3 * wn));
+  CUDA_CHECK(cudaMemcpy(d_w, w, 2 * 3 * wn, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&d_xg, 2 * (size_t)cap * H));
+  CUDA_CHECK(cudaMemset(d_xg, 0x7f, 2 * (size_t)cap * H)); /* poison: every row in use must be written */
+  CUDA_CHECK(cudaMalloc(&d_xg2, 2 * (size_t)cap * H));
+  CUDA_CHECK(cudaMemcpy(d_xg2, xg, 2 * (size_t)cap * H, cudaMemcpyHostToDevice));
+  const size_t osz[3] = {2 * (size_t)cap * I, 4 * (size_t)cap * I, 2 * (size_t)cap * H}; /* act, gu, y */
+  for (int i = 0; i < 6; i++) {
+    CUDA_CHECK(cudaMalloc(&d_out[i], osz[i % 3]));
+    CUDA_CHECK(cudaMemset(d_out[i], 0, osz[i % 3]));
+  }
+  CUDA_CHECK(cudaMalloc(&d_seg, 4 * (size_t)(2 * El + 1)));
+  CUDA_CHECK(cudaMemcpy(d_seg, ec, 4 * (size_t)El, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMemcpy(d_seg + El, eo, 4 * (size_t)(El + 1), cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&d_rr, 4 * (size_t)cap));
+  CUDA_CHECK(cudaMemcpy(d_rr, rr, 4 * (size_t)cap, cudaMemcpyHostToDevice));
+  CUDA_CHECK(cudaMalloc(&d_bad, 4));
+  CUDA_CHECK(cudaMemset(d_bad, 0, 4));
+  CUDA_CHECK(cudaMalloc(&d_src, sizeof(void *) * (size_t)N));
+  CUDA_CHECK(cudaMemcpy(d_src, d_x, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice));
+  if (t->failed) goto done;
+  {
+    mokGemmRows_t rows;
+    memset(&rows, 0, sizeof rows);
+    rows.num_experts = El, rows.capacity = cap, rows.expert_offset = d_seg + El, rows.expert_count = d_seg;
+    mokFfnMega_t m;
+    memset(&m, 0, sizeof m);
+    m.row_route = d_rr, m.x_src = d_src, m.num_src = N, m.t_max = Tmax, m.topk = k;
+    m.bad = d_bad, m.comm_ctas = comm_ctas, m.ctas = ctas;
+    const mokBf16 *wg = d_w, *wu = d_w + wn, *wd = d_w + 2 * wn;
+    CHECK_OK(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0));
+    CHECK_OK(mok_gemm_ffn_fwd(&rows, H, I, 0.f, d_xg2, wg, wu, wd, d_out[3], d_out[4], d_out[5], 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    if (t->failed) goto done;
+    mokBf16 *got = (mokBf16 *)malloc(2 * (size_t)cap * H), *want = (mokBf16 *)malloc(4 * (size_t)cap * I);
+    CUDA_CHECK(cudaMemcpy(got, d_xg, 2 * (size_t)used * H, cudaMemcpyDeviceToHost));
+    for (int64_t i = 0; i < used * H && !t->failed; i++)
+      CHECK_MSG(got[i] == xg[i], "N %d rank %d: xg row %lld col %lld: %04x, want %04x (route %d)", N, q,
+                (long long)(i / H), (long long)(i % H), got[i], xg[i], rr[i / H]);
+    static const char *name[3] = {"act", "gu", "y"};
+    const size_t per[3] = {2 * (size_t)I, 4 * (size_t)I, 2 * (size_t)H};
+    for (int o = 0; o < 3 && !t->failed; o++) {
+      CUDA_CHECK(cudaMemcpy(got, d_out[o], per[o] * (size_t)used, cudaMemcpyDeviceToHost));
+      CUDA_CHECK(cudaMemcpy(want, d_out[o + 3], per[o] * (size_t)used, cudaMemcpyDeviceToHost));
+      CHECK_MSG(!memcmp(got, want, per[o] * (size_t)used), "N %d El %d k %d ctas %d: %s differs from "
+                "mok_gemm_ffn_fwd's on the gathered rows", N, El, k, ctas, name[o]);
+    }
+    free(got), free(want);
+    /* refused before anything runs */
+    m.num_src = 0;
+    CHECK_STATUS(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0),
+                 mokInvalidArgument);
+    m.num_src = N, m.ctas = 100000;
+    CHECK_STATUS(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0),
+                 mokInvalidArgument);
+  }
+done:
+  cudaFree(d_w), cudaFree(d_xg), cudaFree(d_xg2), cudaFree(d_seg), cudaFree(d_rr), cudaFree(d_bad), cudaFree(d_src);
+  for (int i = 0; i < 6; i++) cudaFree(d_out[i]);
+  free(ec), free(eo), free(rr), free(xg), free(w);
+  for (int s = 0; s < N; s++) cudaFree(d_x[s]), free(x[s]), free(idx[s]), free(cnt[s]), free(off[s]), free(order[s]);
+}
+
+MOK_GPU_TEST(ep_mega_dispatch_from_sources, 1) {
+  rng_t r = {test_seed() ^ 0x3e6a};
+  int sms = 0;
+  CUDA_CHECK(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, 0));
+  mega_src_case(t, &r, 2, 4, 2, 1 + rng_int(&r, 300), 0, 8, 0);                    /* every SM */
+  mega_src_case(t, &r, 4, 6, 4, 1 + rng_int(&r, 200), sms / 4, 2, 0);              /* a loopback rank's share */
+  mega_src_case(t, &r, 8, 3, 8, 1 + rng_int(&r, 100), sms / 8, 1, 0);
+  mega_src_case(t, &r, 3, 5, 2, 150 + rng_int(&r, 100), sms / 2, 4, 1);            /* one hot expert */
 }

@@ -56,6 +56,10 @@ struct FfnMega {
   const uint4 *src;         /* [T, H] the tokens (row_u4 uint4 a row) */
   uint4 *xg;                /* [capacity, H] the rows operand of gu's tensor maps */
   const int32_t *row_tok;   /* [capacity] the token of each row, -1 on padding rows */
+  const int32_t *row_route; /* or (N > 1) [capacity] route ids (s * t_max + t) * topk + j, -1
+                               on padding rows: token t of source s, from x_src[s] */
+  const uint4 *const *x_src;
+  int t_max, topk;
   const int32_t *bad;       /* the schedule refused its input: the launch writes nothing */
   int row_u4;
   int comm_ctas;            /* the grid's last comm_ctas CTAs: the dispatch */
@@ -367,12 +371,24 @@ __device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const
     const int e = order ? order[lo] : lo;
     const int r0 = __ldg(a.expert_offset + e) + (i - cpre[lo]) * kMegaChunk;
     for (int r = r0; r < r0 + kMegaChunk; ++r) {
-      const int t = __ldg(f.m.row_tok + r);
+      int t;
+      const uint4 *x = f.m.src;
+      if (f.m.row_route) { /* (N > 1: the source's copy of x, a peer's over NVLink) */
+        const int q = __ldg(f.m.row_route + r);
+        t = q < 0 ? -1 : q / f.m.topk;
+        if (t >= 0) {
+          const int s = t / f.m.t_max;
+          t -= s * f.m.t_max;
+          x = f.m.x_src[s];
+        }
+      } else {
+        t = __ldg(f.m.row_tok + r);
+      }
       uint4 *d = f.m.xg + (size_t)r * ru;
       if (t < 0) {
         for (int u = lane; u < ru; u += 32) d[u] = make_uint4(0u, 0u, 0u, 0u);
       } else {
-        const uint4 *src = f.m.src + (size_t)t * ru;
+        const uint4 *src = x + (size_t)t * ru;
 #pragma unroll 4
         for (int u = lane; u < ru; u += 32) d[u] = __ldg(src + u);
       }
