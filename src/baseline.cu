@@ -36,6 +36,7 @@
 
 #include "bf16.h"
 #include "comm.h"
+#include "ep_dev.h"
 #include "gemm.h"
 #include "internal.h"
 #include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
@@ -114,6 +115,10 @@ struct mok_gpu_layer {
   int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
   int fwd_shared_in;     /* the last forward (mokImplMega) ran the shared expert as tiles of its launch:
                             the backward runs it on mok's GEMMs too, with no host wait */
+  /* mokImplMega at N > 1 (stage A, mega_ep_forward): the send order's schedule over the E
+   * global experts (its scratch, its row tokens [T_max k]) and the sources' x table [N] */
+  int32_t *d_ep_scratch, *d_ep_rowtok;
+  const mokBf16 **d_xsrc;
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -563,6 +568,9 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFree(g->d_bad);
   cudaFree(g->d_shared_seg);
   cudaFree(g->d_sched_scratch);
+  cudaFree(g->d_ep_scratch);
+  cudaFree(g->d_ep_rowtok);
+  cudaFree((void *)g->d_xsrc);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -643,6 +651,12 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     if (g->mega_comm_ctas < 1) g->mega_comm_ctas = MEGA_COMM_CTAS;
     const char *ms = getenv("MOK_MEGA_SHARED");
     g->mega_shared = !(ms && !strcmp(ms, "0"));
+  }
+  if (N > 1 && (cudaMalloc((void **)&g->d_ep_scratch, 4 * (size_t)mok_schedule_local_scratch((int)E)) != cudaSuccess ||
+                cudaMalloc((void **)&g->d_ep_rowtok, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
+                cudaMalloc((void **)&g->d_xsrc, sizeof(void *) * (size_t)N) != cudaSuccess)) {
+    cudaGetLastError();
+    return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
   }
   if (cudaMalloc((void **)&g->d_seg, sizeof(int32_t) * (size_t)(2 * El + 1)) != cudaSuccess) {
     cudaGetLastError();
@@ -741,9 +755,9 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
                      impl == mokImplNccl ? "mokImplNccl" : "mokImplMega");
   if (impl == mokImplMega) {
     const mokConfig_t *c = &l->cfg;
-    if (c->num_ranks != 1)
-      return mok_error(l, mokNotSupported, "%s: mokImplMega runs on one GPU so far (num_ranks %d); use mokImplNccl", fn,
-                       c->num_ranks);
+    if (c->num_ranks > 1 && c->max_tokens > (int)(INT32_MAX / ((int64_t)c->num_ranks * c->topk)))
+      return mok_error(l, mokNotSupported, "%s: mokImplMega at %d ranks needs num_ranks * max_tokens * topk below 2^31 "
+                       "(its route ids); use mokImplNccl", fn, c->num_ranks);
     if (c->inter % 128 || c->hidden % 256 || c->num_experts > MOK_SCHEDULE_LOCAL_MAX_EXPERTS)
       return mok_error(l, mokNotSupported, "%s: mokImplMega needs inter %% 128 == 0, hidden %% 256 == 0 and at most %d "
                        "experts (inter %d, hidden %d, experts %d); use mokImplNccl", fn,
@@ -940,6 +954,179 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "combine", st);
   prof_report(g, "fwd", rows.rank);
+  g->fwd_valid = 1;
+  g->fwd_tokens = T;
+  return mokSuccess;
+}
+
+/* ---- mokImplMega at N > 1, stage A (docs/MEGAKERNEL.md, "More than one GPU") ----------
+ * What peers read or write lies in the communicator's symmetric workspace, at the same
+ * offsets on every rank (EP_*; the layers of a communicator share it: nothing in it lives
+ * from one pass to the next):
+ *   CNT [E] int32, OFF [E + 1], BAD [1]: this rank's send order's counts, first positions
+ *     and refusal flag; ORD [T_max k]: its send order (mok_schedule_send_order_launch);
+ *   X [T_max, H] bf16: its tokens (forward), d_out (backward), read by the expert ranks;
+ *   W, DW [T_max k] f32: topk_w and d_topk_w (backward: d_topk_w written by the expert ranks);
+ *   COMB [T_max k, H] bf16: the y (forward) or dX (backward) row of each of its routes,
+ *     slot t k + j, pushed by the expert rank that ran it (one writer a slot).
+ * A pass: its inputs into the window, its send order, a cross-rank barrier; the expert
+ * rank's schedule from every source's send order (mok_schedule_ep_launch); the host reads
+ * the rows it received (stage A's one wait: the row buffers are sized by them), the
+ * forward megakernel reads each row from its source's X; the rows pushed back to COMB,
+ * a barrier, the combine from the local COMB. Stage B (the ring) removes the host wait. */
+enum { EP_CNT, EP_OFF, EP_BAD, EP_ORD, EP_X, EP_W, EP_DW, EP_COMB, EP_NUM };
+static size_t ep_window(const mokConfig_t *c, size_t off[EP_NUM]) {
+  const size_t E = (size_t)c->num_experts, Q = (size_t)c->max_tokens * c->topk, H = (size_t)c->hidden;
+  const size_t bytes[EP_NUM] = {4 * E, 4 * (E + 1), 4, 4 * Q, 2 * (size_t)c->max_tokens * H, 4 * Q, 4 * Q, 2 * Q * H};
+  size_t o = 0;
+  for (int i = 0; i < EP_NUM; i++) {
+    off[i] = o;
+    o += (bytes[i] + 255) / 256 * 256;
+  }
+  return o;
+}
+
+/* The window (grown where it is smaller: collective, every rank asks the same size) and
+ * rank p's pointer to offset off of rank q's window, in base[q]. */
+static mokResult_t ep_window_bases(mokLayer_t l, size_t off[EP_NUM], char **base) {
+  const size_t need = ep_window(&l->cfg, off);
+  size_t have = 0;
+  MOK_CHECK(mokCommWorkspaceSize(l->comm, &have));
+  if (have < need) MOK_CHECK(mokCommReserveWorkspace(l->comm, need));
+  mokCommDev cd;
+  MOK_CHECK(mok_comm_device_view(l->comm, &cd));
+  for (int q = 0; q < l->cfg.num_ranks; q++) base[q] = cd.peer_base[q] + MOK_COMM_CTRL_BYTES;
+  return mokSuccess;
+}
+
+/* A cross-rank barrier on st (one CTA; bounded: a missing peer becomes mokTimeout). */
+static mokResult_t ep_barrier(mokLayer_t l, cudaStream_t st) { return mok_comm_launch_barriers(l->comm, 1, 32, 1, 0, 0, st); }
+
+/* The rows buffers of a mokImplMega forward at N > 1 that received `rows` padded rows. */
+static pass_shape mega_ep_shape(mokLayer_t l, int T, int shared_in, int64_t rows) {
+  pass_shape p = mega_shape(l, T, shared_in);
+  p.rows = rows < l->cfg.row_pad ? l->cfg.row_pad : rows;
+  return p;
+}
+
+/* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
+ * in tests: each rank's launch must have all its CTAs resident beside the others'). */
+static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int share = mok_comm_device_share(l->comm);
+  *ctas = 0, *comm_ctas = g->mega_comm_ctas;
+  if (share > 1) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
+    *ctas = sms / share;
+    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
+  }
+}
+
+static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                   cudaStream_t st) {
+  static const char fn[] = "mokLayerForward";
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
+  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  g->fwd_valid = 0;
+  size_t off[EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  MOK_CHECK(ep_window_bases(l, off, base));
+  char *me = base[rank];
+  prof_mark(g, "start", st);
+  /* 1. this rank's tokens and send order where the expert ranks read them */
+  if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+  mokLocalSchedule_t s;
+  memset(&s, 0, sizeof s);
+  s.topk_idx = in->topk_idx;
+  s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
+  s.expert_count = (int32_t *)(me + off[EP_CNT]), s.expert_offset = (int32_t *)(me + off[EP_OFF]);
+  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
+  s.bad = (int32_t *)(me + off[EP_BAD]), s.scratch = g->d_ep_scratch, s.rank = rank;
+  mokGemmRows_t rows;
+  MOK_CHECK(gemm_rows(l, El, g->cap > 0 ? g->cap : c->row_pad, g->d_seg, &rows));
+  s.error_word = rows.error_word;
+  MOK_CHECK(mok_schedule_local_launch(&s, st));
+  MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[EP_ORD]), st));
+  MOK_CHECK(ep_barrier(l, st));
+  /* 2. this rank's rows from every source's send order */
+  mokEpSchedule_t es;
+  memset(&es, 0, sizeof es);
+  es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = Tm, es.topk = k;
+  for (int q = 0; q < N; q++) {
+    es.count[q] = (const int32_t *)(base[q] + off[EP_CNT]), es.off[q] = (const int32_t *)(base[q] + off[EP_OFF]);
+    es.order[q] = (const int32_t *)(base[q] + off[EP_ORD]), es.bad[q] = (const int32_t *)(base[q] + off[EP_BAD]);
+  }
+  es.capacity = l->sched_capacity;
+  es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
+  es.row_route = g->d_row_tok, es.flag = g->d_bad;
+  MOK_CHECK(mok_schedule_ep_launch(&es, st));
+  prof_mark(g, "schedule", st);
+  /* 3. stage A's host wait: the rows received size the row buffers */
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_seg + 2 * El, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 1, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  if (g->h_cnt[1]) /* (every rank sees the same flag: all stop here) */
+    return mok_error(l, mokInvalidArgument, "%s: a rank's topk_idx held an expert id outside [-1, %d) (found on the "
+                     "device; nothing was written, mokCommGetAsyncError says which rank and route)", fn, E);
+  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
+  const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
+  mokResult_t ar = pass_buffers(l, &ps, 0, st, fn);
+  {
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    int first_bad = -1;
+    MOK_CHECK(exchange_refusals(l, ar != mokSuccess, &first_bad, st));
+    if (ar != mokSuccess) return mok_error(l, ar, "%s", msg);
+    if (first_bad >= 0)
+      return mok_error(l, mokOutOfMemory, "%s: rank %d could not grow its row buffers for this forward (its "
+                       "mokGetLastError says why); nothing was written", fn, first_bad);
+  }
+  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
+  /* 4. the shared expert (in the launch or on cuBLAS) and the megakernel, rows read from their sources */
+  if (shared_in) {
+    int32_t seg[3] = {T, 0, (T + c->row_pad - 1) / c->row_pad * c->row_pad};
+    CUDA_CHECK(l, cudaMemcpyAsync(g->d_shared_seg, seg, sizeof seg, cudaMemcpyHostToDevice, st));
+  } else {
+    MOK_CHECK(shared_forward(l, in, w, st));
+  }
+  g->fwd_shared_in = shared_in;
+  const mokBf16 *xsrc[MOK_COMM_MAX_RANKS];
+  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[EP_X]);
+  CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
+  mokFfnMega_t m;
+  memset(&m, 0, sizeof m);
+  m.x = T ? in->x : NULL, m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
+  m.bad = g->d_bad;
+  mega_ctas(l, &m.ctas, &m.comm_ctas);
+  if (shared_in) {
+    m.s_gate = w->s_gate, m.s_up = w->s_up, m.s_down = w->s_down;
+    m.s_act = g->s_act, m.s_gu = g->s_gu, m.s_y = g->s_y, m.s_seg = g->d_shared_seg, m.tokens = T;
+  }
+  MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
+                              g->yp, &m, st));
+  prof_mark(g, "megakernel", st);
+  /* 5. every y row to its source's COMB slot; the slot map of this rank's routes */
+  mokEpPush_t p;
+  memset(&p, 0, sizeof p);
+  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
+  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
+  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[EP_COMB]);
+  MOK_CHECK(mok_ep_push_launch(&p, st));
+  if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
+  MOK_CHECK(ep_barrier(l, st));
+  prof_mark(g, "push", st);
+  /* 6. the combine from this rank's COMB */
+  if (T)
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)(me + off[EP_COMB]),
+                                                   g->d_route_row, in->topk_w, T, k, H / 8, g->d_bad, (uint4 *)out);
+  CUDA_CHECK(l, cudaGetLastError());
+  prof_mark(g, "combine", st);
+  prof_report(g, "fwd", rank);
   g->fwd_valid = 1;
   g->fwd_tokens = T;
   return mokSuccess;
@@ -1242,6 +1429,78 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
   return mokSuccess;
 }
 
+/* mokImplMega's backward at N > 1 (stage A; the window as in mega_ep_forward): d_out and
+ * topk_w where the expert ranks read them (the dropped routes' d_topk_w zeroed here, the
+ * routed ones written by the expert ranks), a barrier; on every expert rank d_topk_w and dY
+ * from its rows' sources (mok_ep_dtopk_dy_launch: k_dtopk_dy's arithmetic), the four GEMMs
+ * and the shared expert as at N = 1, the dX rows pushed to their sources' COMB; a barrier;
+ * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait. */
+static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                    const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, Is = c->shared_inter, k = c->topk;
+  const int T = in->num_tokens, Tm = c->max_tokens;
+  const int64_t routes = (int64_t)T * k;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  size_t off[EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  MOK_CHECK(ep_window_bases(l, off, base));
+  char *me = base[rank];
+  prof_mark(g, "start", st);
+  if (T) {
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_X], dout, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+    MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[EP_DW]), st));
+  }
+  MOK_CHECK(ep_barrier(l, st));
+  mokEpPull_t p;
+  memset(&p, 0, sizeof p);
+  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
+  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
+  for (int q = 0; q < N; q++) {
+    p.d_out[q] = (const mokBf16 *)(base[q] + off[EP_X]), p.topk_w[q] = (const float *)(base[q] + off[EP_W]);
+    p.d_topk_w[q] = (float *)(base[q] + off[EP_DW]);
+  }
+  MOK_CHECK(mok_ep_dtopk_dy_launch(&p, st));
+  prof_mark(g, "dtopk+dy", st);
+  mokBf16 *dxb = (mokBf16 *)g->f32;
+  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
+  const int shared_in = Is && T && g->fwd_shared_in;
+  if (shared_in) {
+    mokGemmRows_t sr;
+    MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr));
+    sr.input_rows = T;
+    sr.skip = g->d_bad;
+    MOK_CHECK(mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down,
+                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate,
+                                       gr->d_s_up, gr->d_s_down, st));
+  } else {
+    MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
+  }
+  mokEpPush_t q;
+  memset(&q, 0, sizeof q);
+  q.num_ranks = N, q.t_max = Tm, q.topk = k, q.hidden = H, q.max_rows = g->cap;
+  q.row_route = g->d_row_tok, q.rows = g->d_seg + 2 * El, q.flag = g->d_bad, q.y = dxb;
+  for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[EP_COMB]);
+  MOK_CHECK(mok_ep_push_launch(&q, st));
+  MOK_CHECK(ep_barrier(l, st));
+  prof_mark(g, "push", st);
+  const uint4 *comb = (const uint4 *)(me + off[EP_COMB]);
+  if (T && shared_in)
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, comb, g->d_route_row, NULL, T, k, H / 8,
+                                                   g->d_bad, (uint4 *)gr->d_x);
+  else if (T)
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, (const uint16_t *)comb, g->d_route_row, NULL,
+                                                      T, k, H, g->d_bad, gr->d_x);
+  if (T) CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+  CUDA_CHECK(l, cudaGetLastError());
+  prof_mark(g, "shared+combine", st);
+  prof_report(g, "bwd", rank);
+  return mokSuccess;
+}
+
 static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                      const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -1311,13 +1570,21 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
 /* Every pass starts with one exchange in which each rank says whether it refused its
  * input: a rank that returns early would otherwise leave its peers waiting inside NCCL.
  * [IN] bad: this rank refuses  [OUT] *first_bad: the lowest rank that refused, or -1.
- * The forward folds this flag into its routing-count exchange; the backward calls this. */
+ * The NCCL paths' forward folds this flag into its routing-count exchange; the backward,
+ * and mokImplMega's forward at N > 1, call this. */
 static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st) {
   struct mok_gpu_layer *g = l->gpu;
   const int N = l->cfg.num_ranks;
+  g->h_flags[0] = bad; /* (arrays of its own: the forward's counts stay readable) */
+  *first_bad = -1;
+  if (mok_comm_is_loopback(l->comm)) { /* (no NCCL: the ranks' threads meet on the host) */
+    MOK_CHECK(mok_comm_host_allgather(l->comm, g->h_flags, sizeof(int32_t), g->h_flags + 1));
+    for (int s = N - 1; s >= 0; s--)
+      if (g->h_flags[1 + s]) *first_bad = s;
+    return mokSuccess;
+  }
   ncclComm_t nc;
   MOK_CHECK(mokCommGetNccl(l->comm, &nc));
-  g->h_flags[0] = bad; /* (arrays of its own: the forward's counts stay readable) */
   CUDA_CHECK(l, cudaMemcpyAsync(g->d_flags, g->h_flags, sizeof(int32_t), cudaMemcpyHostToDevice, st));
   NCCL_CHECK(l, ncclAllGather(g->d_flags, g->d_flags + 1, 1, ncclInt32, nc, st));
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_flags + 1, g->d_flags + 1, sizeof(int32_t) * (size_t)N, cudaMemcpyDeviceToHost, st));
@@ -1371,7 +1638,23 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (l && l->gpu) cudaSetDevice(l->gpu->device);
   mokResult_t rc = check_pass(l, fn, impl, in, w);
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, out, "out", in->num_tokens > 0);
-  if (rc == mokSuccess) {
+  if (l && l->gpu && l->cfg.num_ranks > 1 && resolve_impl(l, impl) == mokImplMega) {
+    /* (stage A: every rank says first whether it refused, so none waits at a barrier) */
+    char msg[MOK_ERRMSG_LEN];
+    snprintf(msg, sizeof msg, "%s", mokGetLastError());
+    int first_bad = -1;
+    l->gpu->fwd_valid = 0;
+    mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
+    if (rc != mokSuccess) rc = mok_error(l, rc, "%s", msg);
+    else if (xr != mokSuccess) rc = xr;
+    else if (first_bad >= 0)
+      rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its forward input; nothing was written", fn, first_bad);
+    if (rc == mokSuccess) {
+      l->gpu->fwd_impl = mokImplMega;
+      rc = mega_ep_forward(l, in, w, out, st);
+      pass_done(l, st);
+    }
+  } else if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
     rc = l->gpu->fwd_impl == mokImplMega ? mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
     pass_done(l, st);
@@ -1426,10 +1709,12 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   }
   /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
    * the shared expert (it cannot read the flag); else every kernel reads it (mega_backward) */
-  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && Is && T && !l->gpu->fwd_shared_in)
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1 && Is && T && !l->gpu->fwd_shared_in)
     rc = mega_backward_check(l, st);
   if (rc == mokSuccess)
-    rc = l->gpu->fwd_impl == mokImplMega ? mega_backward(l, in, w, d_out, gr, st) : baseline_backward(l, in, w, d_out, gr, st);
+    rc = l->gpu->fwd_impl != mokImplMega ? baseline_backward(l, in, w, d_out, gr, st)
+         : l->cfg.num_ranks > 1     ? mega_ep_backward(l, in, w, d_out, gr, st)
+                                    : mega_backward(l, in, w, d_out, gr, st);
   /* mokImplMega's backward writes dY over the forward's y rows (d_topk_w reads them first):
    * another backward needs the forward again */
   if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) l->gpu->fwd_valid = 0;
@@ -1451,7 +1736,8 @@ extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_
   const int64_t N = l->cfg.num_ranks, k = l->cfg.topk;
   /* the worst routing: every route of every rank on this rank's experts */
   const int64_t worst = N * num_tokens * k;
-  const pass_shape sh[4] = {mega_shape(l, num_tokens, 0), mega_shape(l, num_tokens, 1),
+  const int64_t P = l->cfg.row_pad, mega_rows = (worst + l->local_experts * (P - 1) + P - 1) / P * P;
+  const pass_shape sh[4] = {mega_ep_shape(l, num_tokens, 0, mega_rows), mega_ep_shape(l, num_tokens, 1, mega_rows),
                             mok_shape_spread(&l->cfg, mokImplNccl, num_tokens, worst, 1),
                             mok_shape_spread(&l->cfg, mokImplBaseline, num_tokens, worst, 1)};
   size_t saved = 0, scratch = 0;

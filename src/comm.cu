@@ -384,6 +384,37 @@ out:
   return st;
 }
 
+// Every rank's `bytes` bytes, rank order, into all (host memory of n * bytes); host-blocking.
+extern "C" mokResult_t mok_comm_host_allgather(mokComm_t c, const void *mine, size_t bytes, void *all) {
+  static const char fn[] = "mok_comm_host_allgather";
+  if (!c || !mine || !all || !bytes) return mok_error(NULL, mokInvalidArgument, "%s: NULL or empty argument", fn);
+  const int n = c->nranks;
+  if (c->lb) { // the blobs in place, as agree does
+    struct loopback *lb = c->lb;
+    lb->blob[c->rank] = mine;
+    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    for (int r = 0; r < n; r++) memcpy((char *)all + (size_t)r * bytes, lb->blob[r], bytes);
+    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    return mokSuccess;
+  }
+  mokResult_t st = mokSuccess;
+  char *d = NULL;
+  int prev = dev_enter(c->device);
+  C_CUDA(cudaMallocAsync((void **)&d, bytes * (size_t)(n + 1), c->side));
+  C_CUDA(cudaMemcpyAsync(d, mine, bytes, cudaMemcpyHostToDevice, c->side));
+  C_NCCL(c->nccl, ncclAllGather(d, d + bytes, bytes, ncclUint8, c->nccl, c->side));
+  C_CUDA(cudaMemcpyAsync(all, d + bytes, bytes * (size_t)n, cudaMemcpyDeviceToHost, c->side));
+  C_CUDA(cudaStreamSynchronize(c->side));
+out:
+  if (d) cudaFreeAsync(d, c->side);
+  cudaStreamSynchronize(c->side);
+  dev_leave(prev, c->device);
+  return st;
+}
+
+extern "C" int mok_comm_device_share(mokComm_t c) { return c && c->lb ? c->nranks : 1; }
+extern "C" int mok_comm_is_loopback(mokComm_t c) { return c && c->lb; }
+
 extern "C" mokResult_t mokCommCheckAgreement(mokComm_t comm, const void *blob, size_t bytes, const char *what) {
   static const char fn[] = "mokCommCheckAgreement";
   mok_clear_error();

@@ -133,10 +133,19 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * mokNotSupported). A cross-rank wait needs every rank's kernel resident at once: launch
  * grids that fit the device together (mok bench stream --two-streams checks a machine),
  * and every kernel a rank launches while another rank's kernel waits for it loaded before
- * the ranks run (cudaFuncGetAttributes on it, or CUDA_MODULE_LOADING=EAGER): with lazy
- * loading a first launch can wait for the running kernels, and so for itself. The comm's
- * own kernels are loaded here. */
+ * the ranks run: with lazy loading a first launch can wait for the running kernels, and so
+ * for itself (CUDA's lazy-loading notes: set CUDA_MODULE_DATA_LOADING=EAGER before the
+ * first CUDA call, as mok_tests does, or load each kernel first with cudaFuncGetAttributes).
+ * The comm's own kernels are loaded here. */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
+/* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
+ * (host, nranks * bytes); returns when they are there. */
+mokResult_t mok_comm_host_allgather(mokComm_t comm, const void *mine, size_t bytes, void *all);
+/* Ranks of comm that share its GPU (loopback ranks: all of them; else 1): a kernel that
+ * needs all its CTAs resident at once takes SMs / this many. */
+int mok_comm_device_share(mokComm_t comm);
+/* 1: comm is a loopback rank (mok_comm_create_loopback: no NCCL). */
+int mok_comm_is_loopback(mokComm_t comm);
 /* Launches one CTA that records a planted error word on the device (tests). */
 mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long long word, cudaStream_t stream);
 

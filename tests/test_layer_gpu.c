@@ -12,11 +12,12 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "comm.h" /* defines: mok_comm_create_loopback */
 #include "mok.h"
 #include "test.h"
 #include "util.h"
 
-#define MAXR 2
+#define MAXR 4
 
 enum { RT_RANDOM, RT_DUP_EMPTY, RT_ONE_EXPERT, RT_EMPTY_EXPERTS, RT_UNEVEN };
 
@@ -66,7 +67,7 @@ static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, 
   memset(c, 0, sizeof *c);
   mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
   cfg.num_experts = 8, cfg.hidden = 256, cfg.inter = 128, cfg.topk = 4, cfg.shared_inter = mode == RT_ONE_EXPERT ? 0 : 128;
-  cfg.num_ranks = N, cfg.max_tokens = 96, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
+  cfg.num_ranks = N, cfg.max_tokens = 112, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
   c->cfg = cfg;
   c->N = N, c->El = 8 / N;
   mokLayer_t host;
@@ -261,9 +262,12 @@ static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int m
   CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
 }
 
-static void all_routings(test_ctx *t, int N, mokImpl_t impl) {
+/* loopback: N ranks on GPU 0 (mok_comm_create_loopback), else one rank a GPU */
+static void routings_on(test_ctx *t, int N, mokImpl_t impl, int loopback) {
   mokComm_t comms[MAXR] = {0};
-  CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (loopback) CHECK_MSG(mok_comm_create_loopback(N, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  else CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (t->failed) return;
   run_case(t, comms, N, impl, RT_RANDOM, 0.f, mokDtypeBF16, "random");
   if (!t->failed) run_case(t, comms, N, impl, RT_DUP_EMPTY, 1.0f, mokDtypeFP32, "duplicates/-1, clamp, fp32 grads");
   if (!t->failed) run_case(t, comms, N, impl, RT_ONE_EXPERT, 0.f, mokDtypeBF16, "one expert, no shared");
@@ -271,6 +275,7 @@ static void all_routings(test_ctx *t, int N, mokImpl_t impl) {
   if (!t->failed) run_case(t, comms, N, impl, RT_UNEVEN, 0.5f, mokDtypeBF16, "uneven tokens, clamp");
   mokLocalCommsDestroy(N, comms);
 }
+static void all_routings(test_ctx *t, int N, mokImpl_t impl) { routings_on(t, N, impl, 0); }
 
 MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplBaseline); }
 MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplBaseline); }
@@ -280,8 +285,15 @@ MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2, mokI
 MOK_GPU_TEST(layer_nccl_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplNccl); }
 MOK_GPU_TEST(layer_nccl_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplNccl); }
 
-/* The forward megakernel (one GPU so far) on the same cases. */
+/* The forward megakernel on the same cases: one GPU, and expert parallel (stage A: rows
+ * read from their sources' windows, pushed back to them) on 2 and 4 loopback ranks of one
+ * GPU (each rank's launches on its share of the SMs) and on 2 GPUs. */
 MOK_GPU_TEST(layer_mega_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplMega); }
+MOK_GPU_TEST(layer_mega_matches_reference_loopback, 1) {
+  routings_on(t, 2, mokImplMega, 1);
+  if (!t->failed) routings_on(t, 4, mokImplMega, 1);
+}
+MOK_GPU_TEST(layer_mega_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplMega); }
 
 /* mokImplMega against mokImplNccl on the same data: the same GEMM tiles, the same combine
  * operations and the same backward, so every output bitwise equal. */
