@@ -10,7 +10,7 @@ OUT=${OUT:-/tmp/s32-out}; mkdir -p "$OUT"
   date -u; nvidia-smi -L
   make -j"$(nproc)" all build/mok_tests 2>&1 | grep -v "^\S*nvcc " | grep -E " error|Error |warning" | head -20
   for i in 1 2 3 4 5 6; do timeout 60 build/mok_tests comm_loopback_ranks_1gpu 2>&1 | grep -E "^(ok|FAIL)"; done
-  timeout 200 build/mok_tests ep_ schedule_ layer_mega 2>&1 | grep -vE "^ok " | tail -12
+  timeout 300 build/mok_tests ep_ schedule_ layer_mega 2>&1 | tail -14
   timeout 200 build/mok bench layer --impl mega,nccl --gpus 1 --model qwen3.5-397b-a17b --tokens 8192 --iters 20 2>&1 | tail -6
   if [ "${WARM:-0}" = 1 ] && patch -p1 -s < tmp/warm.diff; then REPS=1 bash scripts/gpu-warm.sh 2>&1 | grep -vE "^(name|NVIDIA)" | tail -40; fi
 } 2>&1 | tee "$OUT/log"
