@@ -519,8 +519,10 @@ mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t strea
 mokResult_t mokLayerMemoryInfo(mokLayer_t layer, size_t *layer_bytes, size_t *comm_scratch_bytes);
 
 /* Host only (no GPU, no layer): the device memory a layer of `config` holds after passes of
- * num_tokens tokens a rank, for impl (mokImplAuto = mokImplNccl; mokImplMega: one GPU, its
- * rows bound), with each rank's routes spread evenly over the experts (worst = 0: what
+ * num_tokens tokens a rank, for impl (mokImplAuto = mokImplNccl; mokImplMega: on one GPU its
+ * rows bound; at N > 1 the rows received, and in comm_scratch_bytes the symmetric workspace
+ * its passes reach the peers through, sized by max_tokens), with each rank's routes spread
+ * evenly over the experts (worst = 0: what
  * balanced routing gives, within a quarter of growth headroom) or the worst routing
  * (worst = 1: what mokLayerReserve allocates).
  * [OUT] layer_bytes: the layer's own (saved block and index arrays); [OUT]

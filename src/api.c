@@ -179,14 +179,15 @@ mokResult_t mokLayerMemoryEstimate(const mokConfig_t *config, mokImpl_t impl, in
   if (impl == mokImplAuto) impl = mokImplNccl;
   if (impl != mokImplNccl && impl != mokImplBaseline && impl != mokImplMega)
     return mok_error(NULL, mokInvalidArgument, "%s: impl %d is not built", fn, (int)impl);
-  if (impl == mokImplMega && c.num_ranks != 1)
-    return mok_error(NULL, mokNotSupported, "%s: mokImplMega runs on one GPU so far (num_ranks %d)", fn, c.num_ranks);
   const int64_t recv = (worst ? c.num_ranks : 1) * (int64_t)num_tokens * c.topk;
-  /* mokImplMega: the scratch of a shared expert on cuBLAS is the larger; its rows are the bound */
-  const mok_pass_shape p = impl == mokImplMega ? mok_shape_mega(&c, num_tokens, 0)
-                                               : mok_shape_spread(&c, impl, num_tokens, recv, worst);
+  /* mokImplMega: the scratch of a shared expert on cuBLAS is the larger; on one GPU its rows
+   * are the bound, at N > 1 the rows received (as the NCCL paths') and the comm's window */
+  const mok_pass_shape p = impl == mokImplMega && c.num_ranks == 1 ? mok_shape_mega(&c, num_tokens, 0)
+                                                                   : mok_shape_spread(&c, impl, num_tokens, recv, worst);
   if (layer_bytes) *layer_bytes = mok_layer_fixed_bytes(&c) + mok_layout_saved(&c, &p, NULL);
-  if (comm_scratch_bytes) *comm_scratch_bytes = mok_scratch_need(&c, &p);
+  if (comm_scratch_bytes)
+    *comm_scratch_bytes = mok_scratch_need(&c, &p) +
+                          (impl == mokImplMega && c.num_ranks > 1 ? mok_layout_ep_window(&c, NULL) : 0);
   return mokSuccess;
 }
 

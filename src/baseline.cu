@@ -961,35 +961,19 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
 
 /* ---- mokImplMega at N > 1, stage A (docs/MEGAKERNEL.md, "More than one GPU") ----------
  * What peers read or write lies in the communicator's symmetric workspace, at the same
- * offsets on every rank (EP_*; the layers of a communicator share it: nothing in it lives
- * from one pass to the next):
- *   CNT [E] int32, OFF [E + 1], BAD [1]: this rank's send order's counts, first positions
- *     and refusal flag; ORD [T_max k]: its send order (mok_schedule_send_order_launch);
- *   X [T_max, H] bf16: its tokens (forward), d_out (backward), read by the expert ranks;
- *   W, DW [T_max k] f32: topk_w and d_topk_w (backward: d_topk_w written by the expert ranks);
- *   COMB [T_max k, H] bf16: the y (forward) or dX (backward) row of each of its routes,
- *     slot t k + j, pushed by the expert rank that ran it (one writer a slot).
+ * offsets on every rank (workspace.h, mok_layout_ep_window; the layers of a communicator
+ * share it: nothing in it lives from one pass to the next). COMB: the y (forward) or dX
+ * (backward) row of each of this rank's routes, pushed by the expert rank that ran it (one
+ * writer a slot); X: its tokens (forward) or d_out (backward), read by the expert ranks.
  * A pass: its inputs into the window, its send order, a cross-rank barrier; the expert
  * rank's schedule from every source's send order (mok_schedule_ep_launch); the host reads
  * the rows it received (stage A's one wait: the row buffers are sized by them), the
  * forward megakernel reads each row from its source's X; the rows pushed back to COMB,
  * a barrier, the combine from the local COMB. Stage B (the ring) removes the host wait. */
-enum { EP_CNT, EP_OFF, EP_BAD, EP_ORD, EP_X, EP_W, EP_DW, EP_COMB, EP_NUM };
-static size_t ep_window(const mokConfig_t *c, size_t off[EP_NUM]) {
-  const size_t E = (size_t)c->num_experts, Q = (size_t)c->max_tokens * c->topk, H = (size_t)c->hidden;
-  const size_t bytes[EP_NUM] = {4 * E, 4 * (E + 1), 4, 4 * Q, 2 * (size_t)c->max_tokens * H, 4 * Q, 4 * Q, 2 * Q * H};
-  size_t o = 0;
-  for (int i = 0; i < EP_NUM; i++) {
-    off[i] = o;
-    o += (bytes[i] + 255) / 256 * 256;
-  }
-  return o;
-}
-
 /* The window (grown where it is smaller: collective, every rank asks the same size) and
  * rank p's pointer to offset off of rank q's window, in base[q]. */
-static mokResult_t ep_window_bases(mokLayer_t l, size_t off[EP_NUM], char **base) {
-  const size_t need = ep_window(&l->cfg, off);
+static mokResult_t ep_window_bases(mokLayer_t l, size_t off[MOK_EP_NUM], char **base) {
+  const size_t need = mok_layout_ep_window(&l->cfg, off);
   size_t have = 0;
   MOK_CHECK(mokCommWorkspaceSize(l->comm, &have));
   if (have < need) MOK_CHECK(mokCommReserveWorkspace(l->comm, need));
@@ -1004,9 +988,7 @@ static mokResult_t ep_barrier(mokLayer_t l, cudaStream_t st) { return mok_comm_l
 
 /* The rows buffers of a mokImplMega forward at N > 1 that received `rows` padded rows. */
 static pass_shape mega_ep_shape(mokLayer_t l, int T, int shared_in, int64_t rows) {
-  pass_shape p = mega_shape(l, T, shared_in);
-  p.rows = rows < l->cfg.row_pad ? l->cfg.row_pad : rows;
-  return p;
+  return mok_shape_mega_rows(&l->cfg, T, shared_in, rows);
 }
 
 /* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
@@ -1033,33 +1015,33 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   g->fwd_valid = 0;
-  size_t off[EP_NUM];
+  size_t off[MOK_EP_NUM];
   char *base[MOK_COMM_MAX_RANKS];
   MOK_CHECK(ep_window_bases(l, off, base));
   char *me = base[rank];
   prof_mark(g, "start", st);
   /* 1. this rank's tokens and send order where the expert ranks read them */
-  if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+  if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
   mokLocalSchedule_t s;
   memset(&s, 0, sizeof s);
   s.topk_idx = in->topk_idx;
   s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
-  s.expert_count = (int32_t *)(me + off[EP_CNT]), s.expert_offset = (int32_t *)(me + off[EP_OFF]);
+  s.expert_count = (int32_t *)(me + off[MOK_EP_CNT]), s.expert_offset = (int32_t *)(me + off[MOK_EP_OFF]);
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
-  s.bad = (int32_t *)(me + off[EP_BAD]), s.scratch = g->d_ep_scratch, s.rank = rank;
+  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.rank = rank;
   mokGemmRows_t rows;
   MOK_CHECK(gemm_rows(l, El, g->cap > 0 ? g->cap : c->row_pad, g->d_seg, &rows));
   s.error_word = rows.error_word;
   MOK_CHECK(mok_schedule_local_launch(&s, st));
-  MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[EP_ORD]), st));
+  MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
   MOK_CHECK(ep_barrier(l, st));
   /* 2. this rank's rows from every source's send order */
   mokEpSchedule_t es;
   memset(&es, 0, sizeof es);
   es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = Tm, es.topk = k;
   for (int q = 0; q < N; q++) {
-    es.count[q] = (const int32_t *)(base[q] + off[EP_CNT]), es.off[q] = (const int32_t *)(base[q] + off[EP_OFF]);
-    es.order[q] = (const int32_t *)(base[q] + off[EP_ORD]), es.bad[q] = (const int32_t *)(base[q] + off[EP_BAD]);
+    es.count[q] = (const int32_t *)(base[q] + off[MOK_EP_CNT]), es.off[q] = (const int32_t *)(base[q] + off[MOK_EP_OFF]);
+    es.order[q] = (const int32_t *)(base[q] + off[MOK_EP_ORD]), es.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
   }
   es.capacity = l->sched_capacity;
   es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
@@ -1096,7 +1078,7 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   }
   g->fwd_shared_in = shared_in;
   const mokBf16 *xsrc[MOK_COMM_MAX_RANKS];
-  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[EP_X]);
+  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]);
   CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
@@ -1115,14 +1097,14 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   memset(&p, 0, sizeof p);
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
   p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
-  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[EP_COMB]);
+  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[MOK_EP_COMB]);
   MOK_CHECK(mok_ep_push_launch(&p, st));
   if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
   MOK_CHECK(ep_barrier(l, st));
   prof_mark(g, "push", st);
   /* 6. the combine from this rank's COMB */
   if (T)
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)(me + off[EP_COMB]),
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)(me + off[MOK_EP_COMB]),
                                                    g->d_route_row, in->topk_w, T, k, H / 8, g->d_bad, (uint4 *)out);
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "combine", st);
@@ -1444,15 +1426,15 @@ static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   const int64_t routes = (int64_t)T * k;
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
-  size_t off[EP_NUM];
+  size_t off[MOK_EP_NUM];
   char *base[MOK_COMM_MAX_RANKS];
   MOK_CHECK(ep_window_bases(l, off, base));
   char *me = base[rank];
   prof_mark(g, "start", st);
   if (T) {
-    CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_X], dout, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
-    CUDA_CHECK(l, cudaMemcpyAsync(me + off[EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
-    MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[EP_DW]), st));
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], dout, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+    MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[MOK_EP_DW]), st));
   }
   MOK_CHECK(ep_barrier(l, st));
   mokEpPull_t p;
@@ -1460,8 +1442,8 @@ static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
   p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
   for (int q = 0; q < N; q++) {
-    p.d_out[q] = (const mokBf16 *)(base[q] + off[EP_X]), p.topk_w[q] = (const float *)(base[q] + off[EP_W]);
-    p.d_topk_w[q] = (float *)(base[q] + off[EP_DW]);
+    p.d_out[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]), p.topk_w[q] = (const float *)(base[q] + off[MOK_EP_W]);
+    p.d_topk_w[q] = (float *)(base[q] + off[MOK_EP_DW]);
   }
   MOK_CHECK(mok_ep_dtopk_dy_launch(&p, st));
   prof_mark(g, "dtopk+dy", st);
@@ -1483,18 +1465,18 @@ static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   memset(&q, 0, sizeof q);
   q.num_ranks = N, q.t_max = Tm, q.topk = k, q.hidden = H, q.max_rows = g->cap;
   q.row_route = g->d_row_tok, q.rows = g->d_seg + 2 * El, q.flag = g->d_bad, q.y = dxb;
-  for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[EP_COMB]);
+  for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[MOK_EP_COMB]);
   MOK_CHECK(mok_ep_push_launch(&q, st));
   MOK_CHECK(ep_barrier(l, st));
   prof_mark(g, "push", st);
-  const uint4 *comb = (const uint4 *)(me + off[EP_COMB]);
+  const uint4 *comb = (const uint4 *)(me + off[MOK_EP_COMB]);
   if (T && shared_in)
     k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, comb, g->d_route_row, NULL, T, k, H / 8,
                                                    g->d_bad, (uint4 *)gr->d_x);
   else if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, (const uint16_t *)comb, g->d_route_row, NULL,
                                                       T, k, H, g->d_bad, gr->d_x);
-  if (T) CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+  if (T) CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[MOK_EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
   prof_report(g, "bwd", rank);

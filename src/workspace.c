@@ -168,6 +168,23 @@ mok_pass_shape mok_shape_mega(const mokConfig_t *c, int64_t tokens, int shared_i
   return p;
 }
 
+mok_pass_shape mok_shape_mega_rows(const mokConfig_t *c, int64_t tokens, int shared_in, int64_t rows) {
+  mok_pass_shape p = mok_shape_mega(c, tokens, shared_in);
+  p.rows = rows < c->row_pad ? c->row_pad : rows;
+  return p;
+}
+
+size_t mok_layout_ep_window(const mokConfig_t *c, size_t off[MOK_EP_NUM]) {
+  const size_t E = (size_t)c->num_experts, Q = (size_t)c->max_tokens * c->topk, H = (size_t)c->hidden;
+  const size_t bytes[MOK_EP_NUM] = {4 * E, 4 * (E + 1), 4, 4 * Q, 2 * (size_t)c->max_tokens * H, 4 * Q, 4 * Q, 2 * Q * H};
+  size_t o = 0;
+  for (int i = 0; i < MOK_EP_NUM; i++) {
+    if (off) off[i] = o;
+    o += (bytes[i] + 255) / 256 * 256;
+  }
+  return o;
+}
+
 mok_pass_shape mok_shape_spread(const mokConfig_t *c, mokImpl_t impl, int64_t tokens, int64_t recv, int worst) {
   const int64_t P = c->row_pad, El = c->num_experts / c->num_ranks;
   mok_pass_shape p = {0, 0, 0, 0, impl, 0};

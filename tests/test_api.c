@@ -219,7 +219,8 @@ MOK_TEST(api_gpu_entry_points_validate_on_host) {
 /* mokLayerMemoryEstimate: host only. The layer's rows follow the routes: under the worst
  * routing at EP8 a layer needs N times the rows of an even spread (and its memory grows about
  * so), every size grows with the tokens, one GPU's even and worst are the same (every route is
- * local), and mokImplMega's rows are its bound T k + E_l (P - 1). Bad arguments are refused. */
+ * local), and mokImplMega's rows are its bound T k + E_l (P - 1) on one GPU, the rows
+ * received at N > 1 (its window in the scratch). Bad arguments are refused. */
 MOK_TEST(api_memory_estimate) {
   mokConfig_t c = MOK_CONFIG_INITIALIZER;
   CHECK_OK(mokConfigSetModel(&c, "glm-5.2"));
@@ -248,7 +249,16 @@ MOK_TEST(api_memory_estimate) {
   CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplNccl, -1, 0, &m[0], &m[1]), mokInvalidArgument);
   CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplNccl, 8193, 0, &m[0], &m[1]), mokInvalidArgument);
   CHECK_STATUS(mokLayerMemoryEstimate(&c, (mokImpl_t)77, 16, 0, &m[0], &m[1]), mokInvalidArgument);
-  c.num_ranks = 2;
-  CHECK_STATUS(mokLayerMemoryEstimate(&c, mokImplMega, 16, 0, &m[0], &m[1]), mokNotSupported);
+  /* mokImplMega at N > 1: the NCCL paths' rows, and the window (COMB: T_max k rows of H bf16
+   * and X: T_max rows) in the scratch */
+  c.num_ranks = 8, c.max_tokens = 8192;
+  size_t e[4];
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplMega, 8192, 0, &e[0], &e[1]));
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplMega, 8192, 1, &e[2], &e[3]));
+  const double window = 2.0 * 8192 * c.hidden * (c.topk + 1);
+  CHECK_MSG(e[1] > window && e[3] > e[1] && e[2] > 3.5 * e[0], "mega EP8: layer %g / %g GiB, scratch %g / %g GiB",
+            e[0] / G, e[2] / G, e[1] / G, e[3] / G);
+  CHECK_MSG(e[0] > 1.5 * G && e[0] < 1.05 * own[0], "mega EP8 even: %g GiB (nccl %g)", e[0] / G,
+            own[0] / G);
 }
 

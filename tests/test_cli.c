@@ -56,7 +56,6 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"memory --gpus 0", "--gpus takes 1..1024"},
       {"memory --impl magic", "--impl takes auto"},
       {"memory --model nope", "unknown model 'nope'"},
-      {"memory --gpus 8 --impl mega", "mokImplMega runs on one GPU so far"},
       {"memory --layers", "needs a value"},
       {"memory --layers 4 --budget 0", "--budget takes GiB > 0"},
       {"memory --budget 80", "--budget needs --layers"},
