@@ -454,6 +454,23 @@ static mokResult_t run_agree(mokComm_t comm, int rank, void *argp) {
   return mokSuccess;
 }
 
+/* mok_comm_host_allgather: every rank gets every rank's 12 bytes in rank order, twice. */
+static mokResult_t run_allgather(mokComm_t comm, int rank, void *argp) {
+  int nranks = 0;
+  MOK_CHECK(mokCommRankInfo(comm, NULL, &nranks, NULL));
+  for (int rep = 0; rep < 2; rep++) {
+    const int32_t mine[3] = {rank, 7 * rank + 1 + rep, -rank};
+    int32_t all[3 * MAX_GPUS];
+    memset(all, 0xff, sizeof all);
+    MOK_CHECK(mok_comm_host_allgather(comm, mine, sizeof mine, all));
+    for (int q = 0; q < nranks; q++)
+      RUN_CHECK(all[3 * q] == q && all[3 * q + 1] == 7 * q + 1 + rep && all[3 * q + 2] == -q,
+                "rank %d, repeat %d: rank %d's entry is {%d, %d, %d}", rank, rep, q, all[3 * q], all[3 * q + 1],
+                all[3 * q + 2]);
+  }
+  return mokSuccess;
+}
+
 MOK_GPU_TEST(comm_gpu_agreement, 2) {
   int n = local_gpus();
   mokComm_t comms[MAX_GPUS];
@@ -462,6 +479,7 @@ MOK_GPU_TEST(comm_gpu_agreement, 2) {
   mokResult_t st = mokLocalRun(n, comms, run_agree, a);
   // the comms stay usable after validation errors
   mokResult_t st2 = mokLocalRun(n, comms, run_barriers, NULL);
+  if (st2 == mokSuccess) st2 = mokLocalRun(n, comms, run_allgather, NULL);
   CHECK_OK(mokLocalCommsDestroy(n, comms));
   CHECK_OK(st);
   CHECK_OK(st2);
@@ -684,6 +702,9 @@ MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
     snprintf(msg2, sizeof msg2, "%s", mokGetLastError());
     agree_arg *g = (agree_arg *)calloc(1, sizeof *g);
     const mokResult_t st3 = mokLocalRun(n, comms, run_agree, g);
+    const mokResult_t st4 = mokLocalRun(n, comms, run_allgather, NULL);
+    CHECK_MSG(st4 == mokSuccess, "%d loopback ranks, host allgather: %s", n, mokGetLastError());
+    CHECK(mok_comm_is_loopback(comms[0]) && mok_comm_device_share(comms[0]) == n);
     CHECK_OK(mokLocalCommsDestroy(n, comms));
     CHECK_MSG(st1 == mokSuccess, "%d loopback ranks, patterns: %s", n, msg1);
     CHECK_MSG(st2 == mokSuccess, "%d loopback ranks, barriers: %s", n, msg2);
