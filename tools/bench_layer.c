@@ -387,7 +387,7 @@ static void usage(void) {
          "  Times forward and forward+backward of the MoE layer on N local GPUs (EP over N ranks;\n"
          "  default all visible) and checks sampled tokens in float64. Formulas in tools/bench_layer.c.\n"
          "  --impl: one or more of auto, nccl (NCCL all-to-all + mok's grouped Hopper GEMMs) and\n"
-         "  baseline (NCCL all-to-all + cuBLAS) and mega (the forward megakernel, one GPU so far),\n"
+         "  baseline (NCCL all-to-all + cuBLAS) and mega (the forward megakernel; N > 1: stage A),\n"
          "  each timed on the same data, side by side.\n");
 }
 

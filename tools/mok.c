@@ -122,7 +122,7 @@ static void run_help(void) {
          "  --impl cpu    the float64 CPU reference (DESIGN.md section 2a), N simulated ranks\n"
          "  --impl nccl   the GPU layer: NCCL all-to-all + mok's grouped Hopper GEMMs, one rank per GPU\n"
          "  --impl baseline  the conventional GPU layer: NCCL all-to-all + cuBLAS expert GEMMs\n"
-         "  --impl mega   the forward megakernel (one GPU so far: pass --ranks 1 on a larger machine)\n"
+         "  --impl mega   the forward megakernel (at N > 1: stage A, one host read a forward)\n"
          "  --impl auto   (default) the fastest implementation built for this machine: the GPU\n"
          "                layer on all local GPUs (N = GPU count), else the CPU reference\n"
          "  --model       one of:");
