@@ -507,8 +507,11 @@ mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInpu
 /* Not collective. Grows the layer's block and its communicator's scratch now, on `stream`,
  * to what a pass of num_tokens tokens needs under the worst routing (every route of every
  * rank on this rank's experts; at N > 1 that is N times the balanced need), for any
- * implementation: later passes of at most num_tokens tokens then allocate nothing (for a
- * CUDA graph capture, or to fail early with mokOutOfMemory). If the layer's block grows,
+ * implementation but mokImplMega at N > 1 (stage A: its forward reads the rows received on
+ * the host and grows the blocks to them, and its first pass grows the communicator's
+ * workspace, collectively, to its window): later passes of at most num_tokens tokens then
+ * allocate nothing (for a CUDA graph capture, or to fail early with mokOutOfMemory). If the
+ * layer's block grows,
  * the context of the last forward is dropped (a backward then needs a forward again).
  * [IN] num_tokens 0 .. max_tokens */
 mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t stream);

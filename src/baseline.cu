@@ -755,6 +755,10 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
                      impl == mokImplNccl ? "mokImplNccl" : "mokImplMega");
   if (impl == mokImplMega) {
     const mokConfig_t *c = &l->cfg;
+    if (mok_comm_device_share(l->comm) > 16)
+      return mok_error(l, mokNotSupported, "%s: mokImplMega with %d ranks sharing one GPU (loopback): at most 16 "
+                       "(each launch takes a share of the SMs, its counters one of 16 slots)", fn,
+                       mok_comm_device_share(l->comm));
     if (c->num_ranks > 1 && c->max_tokens > (int)(INT32_MAX / ((int64_t)c->num_ranks * c->topk)))
       return mok_error(l, mokNotSupported, "%s: mokImplMega at %d ranks needs num_ranks * max_tokens * topk below 2^31 "
                        "(its route ids); use mokImplNccl", fn, c->num_ranks);
@@ -879,6 +883,8 @@ static void pass_done(mokLayer_t l, cudaStream_t st) {
 }
 
 static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st);
+static mokResult_t agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
+                              cudaStream_t st);
 
 /* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
 static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
@@ -899,6 +905,39 @@ static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const 
     k_swiglu_fwd<uint16_t><<<grid_for((int64_t)T * Is, 256), 256, 0, st>>>(g->s_gu, T, Is, 0.f, g->s_act, NULL);
   }
   CUBLAS_CHECK(l, gemm_rm(cb, 0, 1, T, H, Is, g->s_act, BF, Is, w->s_down, BF, Is, g->s_y, BF, H, 0.f));
+  return mokSuccess;
+}
+
+/* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
+ * in tests: each rank's launch must have all its CTAs resident beside the others'). */
+static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int share = mok_comm_device_share(l->comm);
+  *ctas = 0, *comm_ctas = g->mega_comm_ctas;
+  if (share > 1) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
+    *ctas = sms / share;
+    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
+  }
+}
+/* The forward megakernel of a pass: m names where its rows come from (row_tok, or row_route
+ * and x_src); its CTAs, the refusal flag and the shared expert's tiles (where shared_in) are
+ * set here. */
+static mokResult_t mega_launch(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, int shared_in,
+                               const mokGemmRows_t *rows, mokFfnMega_t *m, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int T = in->num_tokens;
+  m->x = T ? in->x : NULL, m->bad = g->d_bad;
+  mega_ctas(l, &m->ctas, &m->comm_ctas);
+  if (shared_in) {
+    m->s_gate = w->s_gate, m->s_up = w->s_up, m->s_down = w->s_down;
+    m->s_act = g->s_act, m->s_gu = g->s_gu, m->s_y = g->s_y, m->s_seg = g->d_shared_seg, m->tokens = T;
+  }
+  MOK_CHECK(mok_gemm_ffn_mega(rows, c->hidden, c->inter, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act,
+                              g->gu, g->yp, m, st));
+  prof_mark(g, "megakernel", st);
   return mokSuccess;
 }
 
@@ -939,14 +978,8 @@ static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   prof_mark(g, "shared", st);
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
-  m.x = T ? in->x : NULL, m.row_tok = g->d_row_tok, m.bad = g->d_bad, m.comm_ctas = g->mega_comm_ctas;
-  if (shared_in) {
-    m.s_gate = w->s_gate, m.s_up = w->s_up, m.s_down = w->s_down;
-    m.s_act = g->s_act, m.s_gu = g->s_gu, m.s_y = g->s_y, m.s_seg = g->d_shared_seg, m.tokens = T;
-  }
-  MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
-                              g->yp, &m, st));
-  prof_mark(g, "megakernel", st);
+  m.row_tok = g->d_row_tok;
+  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
   if (T)
     k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
                                                    g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
@@ -991,36 +1024,28 @@ static pass_shape mega_ep_shape(mokLayer_t l, int T, int shared_in, int64_t rows
   return mok_shape_mega_rows(&l->cfg, T, shared_in, rows);
 }
 
-/* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
- * in tests: each rank's launch must have all its CTAs resident beside the others'). */
-static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
-  struct mok_gpu_layer *g = l->gpu;
-  const int share = mok_comm_device_share(l->comm);
-  *ctas = 0, *comm_ctas = g->mega_comm_ctas;
-  if (share > 1) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
-    *ctas = sms / share;
-    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
-  }
+
+/* Orders this pass after the last users of the layer's saved block and the communicator's
+ * scratch block on other streams (pass_buffers does too, but mokImplMega at N > 1 writes the
+ * window and the layer's index arrays before it: peers' kernels of the last pass on this
+ * communicator, or this layer's backward, may still read them). */
+static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const char *fn) {
+  MOK_CHECK(mok_devbuf_reserve(l, &l->gpu->saved, 0, st, fn, "layer's saved rows"));
+  return mok_devbuf_reserve(l, mok_comm_scratch(l->comm), 0, st, fn, "communicator's scratch rows");
 }
 
-static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
-                                   cudaStream_t st) {
-  static const char fn[] = "mokLayerForward";
+/* Steps 1 and 2 of mega_ep_forward, up to the host read (into g->h_cnt: rows received, the
+ * EP schedule's flag, this rank's own refusal flag). */
+static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
+                                       int rank, cudaStream_t st, const char *fn) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
-  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, I = c->inter;
-  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
-  g->fwd_valid = 0;
-  size_t off[MOK_EP_NUM];
-  char *base[MOK_COMM_MAX_RANKS];
-  MOK_CHECK(ep_window_bases(l, off, base));
+  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, k = c->topk;
+  const int T = in->num_tokens;
   char *me = base[rank];
-  prof_mark(g, "start", st);
-  /* 1. this rank's tokens and send order where the expert ranks read them */
+  MOK_CHECK(order_after_last_pass(l, st, fn));
+  /* 1. this rank's tokens and send order where the expert ranks read them; a bad id sets
+   * only BAD (no error word: the communicator stays usable, every rank refuses below) */
   if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
   mokLocalSchedule_t s;
   memset(&s, 0, sizeof s);
@@ -1028,17 +1053,15 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
   s.expert_count = (int32_t *)(me + off[MOK_EP_CNT]), s.expert_offset = (int32_t *)(me + off[MOK_EP_OFF]);
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
-  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.rank = rank;
-  mokGemmRows_t rows;
-  MOK_CHECK(gemm_rows(l, El, g->cap > 0 ? g->cap : c->row_pad, g->d_seg, &rows));
-  s.error_word = rows.error_word;
+  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.error_word = NULL, s.rank = rank;
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
   MOK_CHECK(ep_barrier(l, st));
   /* 2. this rank's rows from every source's send order */
   mokEpSchedule_t es;
   memset(&es, 0, sizeof es);
-  es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = Tm, es.topk = k;
+  es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = c->max_tokens;
+  es.topk = k;
   for (int q = 0; q < N; q++) {
     es.count[q] = (const int32_t *)(base[q] + off[MOK_EP_CNT]), es.off[q] = (const int32_t *)(base[q] + off[MOK_EP_OFF]);
     es.order[q] = (const int32_t *)(base[q] + off[MOK_EP_ORD]), es.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
@@ -1048,26 +1071,67 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   es.row_route = g->d_row_tok, es.flag = g->d_bad;
   MOK_CHECK(mok_schedule_ep_launch(&es, st));
   prof_mark(g, "schedule", st);
-  /* 3. stage A's host wait: the rows received size the row buffers */
+  /* stage A's host wait: the rows received size the row buffers */
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_seg + 2 * El, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 1, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 2, me + off[MOK_EP_BAD], sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
-  if (g->h_cnt[1]) /* (every rank sees the same flag: all stop here) */
-    return mok_error(l, mokInvalidArgument, "%s: a rank's topk_idx held an expert id outside [-1, %d) (found on the "
-                     "device; nothing was written, mokCommGetAsyncError says which rank and route)", fn, E);
+  return mokSuccess;
+}
+
+/* The forward's refusal of a bad expert id (every rank sees the EP schedule's flag): this
+ * rank names its first bad route (topk_idx read back: an error path). */
+static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int rank, cudaStream_t st, const char *fn) {
+  const int E = l->cfg.num_experts, k = l->cfg.topk;
+  const int64_t routes = (int64_t)in->num_tokens * k;
+  if (l->gpu->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
+    return mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity "
+                     "%lld; nothing was written", fn, rank, (long long)l->sched_capacity);
+  int first_bad = -1; /* (which rank: every rank takes part, as every rank saw the flag) */
+  MOK_CHECK(exchange_refusals(l, l->gpu->h_cnt[2] != 0, &first_bad, st));
+  if (!l->gpu->h_cnt[2])
+    return mok_error(l, mokInvalidArgument, "%s: rank %d's topk_idx held an expert id outside [-1, %d) (its "
+                     "mokGetLastError says where); nothing was written", fn, first_bad, E);
+  if (routes && cudaMemcpy(l->gpu->h_idx, in->topk_idx, 4 * (size_t)routes, cudaMemcpyDeviceToHost) == cudaSuccess)
+    for (int64_t q = 0; q < routes; q++)
+      if (l->gpu->h_idx[q] < -1 || l->gpu->h_idx[q] >= E)
+        return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, "
+                         "%d) or -1; nothing was written", fn, rank, (long long)(q / k), (long long)(q % k),
+                         (int)l->gpu->h_idx[q], E);
+  cudaGetLastError();
+  return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx held an expert id outside [-1, %d); nothing was "
+                   "written", fn, rank, E);
+}
+
+static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                   cudaStream_t st) {
+  static const char fn[] = "mokLayerForward";
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, I = c->inter;
+  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  g->fwd_valid = 0;
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  prof_mark(g, "start", st);
+  /* Steps 1-3 end in an exchange of whether each rank got through them, so that a rank that
+   * fails in one never leaves its peers waiting in a host collective (a failed barrier launch
+   * still makes theirs time out: the communicator then reports it). */
+  mokResult_t ar = ep_window_bases(l, off, base);
+  if (ar == mokSuccess) ar = ep_forward_schedule(l, in, off, base, rank, st, fn);
+  const int refused = ar == mokSuccess && g->h_cnt[1];
   const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
-  const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
-  mokResult_t ar = pass_buffers(l, &ps, 0, st, fn);
-  {
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    int first_bad = -1;
-    MOK_CHECK(exchange_refusals(l, ar != mokSuccess, &first_bad, st));
-    if (ar != mokSuccess) return mok_error(l, ar, "%s", msg);
-    if (first_bad >= 0)
-      return mok_error(l, mokOutOfMemory, "%s: rank %d could not grow its row buffers for this forward (its "
-                       "mokGetLastError says why); nothing was written", fn, first_bad);
+  if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
+    const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
+    ar = pass_buffers(l, &ps, 0, st, fn);
   }
+  MOK_CHECK(agree_step(l, ar, mokInvalidArgument, fn, "failed in this forward's schedule or row buffers (its "
+                       "mokGetLastError says why)", st));
+  if (refused) return ep_refuse_ids(l, in, rank, st, fn);
+  char *me = base[rank];
+  mokGemmRows_t rows;
   MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
   /* 4. the shared expert (in the launch or on cuBLAS) and the megakernel, rows read from their sources */
   if (shared_in) {
@@ -1082,16 +1146,8 @@ static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
-  m.x = T ? in->x : NULL, m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
-  m.bad = g->d_bad;
-  mega_ctas(l, &m.ctas, &m.comm_ctas);
-  if (shared_in) {
-    m.s_gate = w->s_gate, m.s_up = w->s_up, m.s_down = w->s_down;
-    m.s_act = g->s_act, m.s_gu = g->s_gu, m.s_y = g->s_y, m.s_seg = g->d_shared_seg, m.tokens = T;
-  }
-  MOK_CHECK(mok_gemm_ffn_mega(&rows, H, I, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu,
-                              g->yp, &m, st));
-  prof_mark(g, "megakernel", st);
+  m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
+  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
   /* 5. every y row to its source's COMB slot; the slot map of this rank's routes */
   mokEpPush_t p;
   memset(&p, 0, sizeof p);
@@ -1188,16 +1244,9 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   }
   const pass_shape me = rank_shape(l, rank, g->fwd_impl);
   mokResult_t ar = pass_buffers(l, &me, 0, st, fn);
-  if (grow_any) {
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    int first_bad = -1;
-    MOK_CHECK(exchange_refusals(l, ar != mokSuccess, &first_bad, st));
-    if (ar != mokSuccess) return mok_error(l, ar, "%s", msg);
-    if (first_bad >= 0)
-      return mok_error(l, mokOutOfMemory, "%s: rank %d could not grow its row buffers for this forward (its "
-                       "mokGetLastError says why); nothing was written", fn, first_bad);
-  }
+  if (grow_any)
+    MOK_CHECK(agree_step(l, ar, mokOutOfMemory, fn, "could not grow its row buffers for this forward (its "
+                         "mokGetLastError says why)", st));
   MOK_CHECK(ar);
   /* send order: sorted by global expert, then (t, j) */
   int32_t *cursor = g->cursor;
@@ -1359,6 +1408,40 @@ static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, 
   return mokSuccess;
 }
 
+/* mokImplMega's backward after dY: the four expert GEMMs (the dX rows into dxb) and the
+ * shared expert: on mok's GEMMs where the forward ran it as tiles of its launch (a one-expert
+ * problem over the tokens, mok_gemm_shared_backward; its dX rows bf16 in s_f32), else cuBLAS
+ * (shared_backward, dX fp32). */
+static mokResult_t mega_backward_gemms(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                       const mokBf16 *dout, const mokRankGrads_t *gr, mokBf16 *dxb, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
+  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
+  if (!(Is && T && g->fwd_shared_in)) return shared_backward(l, in, w, dout, gr, st);
+  mokGemmRows_t sr;
+  MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr)); /* {T}, {0, T64} */
+  sr.input_rows = T;
+  sr.skip = g->d_bad;
+  return mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down, g->s_gu,
+                                  g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate, gr->d_s_up,
+                                  gr->d_s_down, st);
+}
+
+/* d_x = bf16(the shared dX rows + the dX rows of each route): rows[d_route_row[t k + j]]
+ * (the padded rows at N = 1, the COMB slots at N > 1). Nothing when the forward was refused. */
+static void mega_combine_dx(mokLayer_t l, int T, const mokBf16 *rows, mokBf16 *d_x, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = l->cfg.hidden, Is = l->cfg.shared_inter, k = l->cfg.topk;
+  if (!T) return;
+  if (Is && g->fwd_shared_in) /* (8 columns a thread: H % 256 == 0 here) */
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, (const uint4 *)rows, g->d_route_row, NULL,
+                                                   T, k, H / 8, g->d_bad, (uint4 *)d_x);
+  else
+    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, rows, g->d_route_row, NULL, T, k, H, g->d_bad,
+                                                      d_x);
+}
+
 /* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
  * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
  * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
@@ -1384,25 +1467,8 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
                                                             g->yp, gr->d_topk_w);
   prof_mark(g, "dtopk+dy", st);
   mokBf16 *dxb = (mokBf16 *)g->f32;
-  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
-  const int shared_in = Is && T && g->fwd_shared_in;
-  if (shared_in) {
-    mokGemmRows_t sr;
-    MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr)); /* {T}, {0, T64} */
-    sr.input_rows = T;
-    sr.skip = g->d_bad;
-    MOK_CHECK(mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down,
-                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate,
-                                       gr->d_s_up, gr->d_s_down, st));
-  } else {
-    MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
-  }
-  if (T && shared_in) /* (8 columns a thread: H % 256 == 0 here) */
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, (const uint4 *)dxb, g->d_route_row, NULL,
-                                                   T, k, H / 8, g->d_bad, (uint4 *)gr->d_x);
-  else if (T)
-    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, dxb, g->d_route_row, NULL, T, k, H,
-                                                      g->d_bad, gr->d_x);
+  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
+  mega_combine_dx(l, T, dxb, gr->d_x, st);
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
   int rank = 0;
@@ -1416,7 +1482,8 @@ static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
  * routed ones written by the expert ranks), a barrier; on every expert rank d_topk_w and dY
  * from its rows' sources (mok_ep_dtopk_dy_launch: k_dtopk_dy's arithmetic), the four GEMMs
  * and the shared expert as at N = 1, the dX rows pushed to their sources' COMB; a barrier;
- * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait. */
+ * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait of its
+ * own (mokLayerBackward's exchange of refusals before it waits, at N > 1). */
 static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -1448,19 +1515,7 @@ static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   MOK_CHECK(mok_ep_dtopk_dy_launch(&p, st));
   prof_mark(g, "dtopk+dy", st);
   mokBf16 *dxb = (mokBf16 *)g->f32;
-  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
-  const int shared_in = Is && T && g->fwd_shared_in;
-  if (shared_in) {
-    mokGemmRows_t sr;
-    MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr));
-    sr.input_rows = T;
-    sr.skip = g->d_bad;
-    MOK_CHECK(mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down,
-                                       g->s_gu, g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate,
-                                       gr->d_s_up, gr->d_s_down, st));
-  } else {
-    MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
-  }
+  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
   mokEpPush_t q;
   memset(&q, 0, sizeof q);
   q.num_ranks = N, q.t_max = Tm, q.topk = k, q.hidden = H, q.max_rows = g->cap;
@@ -1469,13 +1524,7 @@ static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   MOK_CHECK(mok_ep_push_launch(&q, st));
   MOK_CHECK(ep_barrier(l, st));
   prof_mark(g, "push", st);
-  const uint4 *comb = (const uint4 *)(me + off[MOK_EP_COMB]);
-  if (T && shared_in)
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, comb, g->d_route_row, NULL, T, k, H / 8,
-                                                   g->d_bad, (uint4 *)gr->d_x);
-  else if (T)
-    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, (const uint16_t *)comb, g->d_route_row, NULL,
-                                                      T, k, H, g->d_bad, gr->d_x);
+  mega_combine_dx(l, T, (const mokBf16 *)(me + off[MOK_EP_COMB]), gr->d_x, st);
   if (T) CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[MOK_EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
   CUDA_CHECK(l, cudaGetLastError());
   prof_mark(g, "shared+combine", st);
@@ -1577,6 +1626,22 @@ static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cuda
   return mokSuccess;
 }
 
+/* After a step that can fail on one rank alone (rc: this rank's result, mokGetLastError its
+ * message): every rank learns whether all got through. Returns rc with its message kept,
+ * else `status` naming the lowest rank that failed ("rank r <what>; nothing was written"),
+ * else mokSuccess. */
+static mokResult_t agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
+                              cudaStream_t st) {
+  char msg[MOK_ERRMSG_LEN];
+  snprintf(msg, sizeof msg, "%s", mokGetLastError());
+  int first_bad = -1;
+  const mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
+  if (rc != mokSuccess) return mok_error(l, rc, "%s", msg);
+  if (xr != mokSuccess) return xr;
+  if (first_bad >= 0) return mok_error(l, status, "%s: rank %d %s; nothing was written", fn, first_bad, what);
+  return mokSuccess;
+}
+
 /* A rank that refuses its forward input still takes part in the forward's count
  * exchange, with its error flag set, so the peers return too. Keeps the message. */
 static mokResult_t refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
@@ -1600,9 +1665,18 @@ static mokResult_t refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st)
 }
 
 /* ---- public entry points ------------------------------------------------------------ */
+
 static mokImpl_t resolve_impl(mokLayer_t l, mokImpl_t impl) {
   if (impl == mokImplAuto) return l->gpu->sm90 ? mokImplNccl : mokImplBaseline;
   return impl;
+}
+/* Ranks that share a GPU (loopback) and wait for each other on it need a stream each: on the
+ * legacy default stream one rank's barrier would wait behind another's. */
+static mokResult_t check_share_stream(mokLayer_t l, const char *fn, mokImpl_t impl, cudaStream_t st) {
+  if (mok_comm_device_share(l->comm) > 1 && resolve_impl(l, impl) == mokImplMega && (st == 0 || st == cudaStreamLegacy))
+    return mok_error(l, mokInvalidArgument, "%s: ranks that share a GPU need a stream each for mokImplMega, not the "
+                     "legacy default stream", fn);
+  return mokSuccess;
 }
 static const char *impl_name(mokImpl_t impl) {
   return impl == mokImplNccl       ? "mokImplNccl"
@@ -1620,17 +1694,11 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (l && l->gpu) cudaSetDevice(l->gpu->device);
   mokResult_t rc = check_pass(l, fn, impl, in, w);
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, out, "out", in->num_tokens > 0);
+  if (rc == mokSuccess) rc = check_share_stream(l, fn, impl, st);
   if (l && l->gpu && l->cfg.num_ranks > 1 && resolve_impl(l, impl) == mokImplMega) {
     /* (stage A: every rank says first whether it refused, so none waits at a barrier) */
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    int first_bad = -1;
     l->gpu->fwd_valid = 0;
-    mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
-    if (rc != mokSuccess) rc = mok_error(l, rc, "%s", msg);
-    else if (xr != mokSuccess) rc = xr;
-    else if (first_bad >= 0)
-      rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its forward input; nothing was written", fn, first_bad);
+    rc = agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
     if (rc == mokSuccess) {
       l->gpu->fwd_impl = mokImplMega;
       rc = mega_ep_forward(l, in, w, out, st);
@@ -1666,6 +1734,7 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
                    "forward's implementation", fn, impl_name(impl), impl_name(resolve_impl(l, impl)),
                    impl_name(l->gpu->fwd_impl));
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, d_out, "d_out", T > 0);
+  if (rc == mokSuccess) rc = check_share_stream(l, fn, impl, st);
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, gr->d_x, "grads->d_x", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_topk_w, "grads->d_topk_w", T > 0);
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_w_gate, "grads->d_w_gate", 1);
@@ -1680,14 +1749,7 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   }
   if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
     /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    int first_bad = -1;
-    mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
-    if (rc != mokSuccess) rc = mok_error(l, rc, "%s", msg);
-    else if (xr != mokSuccess) rc = xr;
-    else if (first_bad >= 0)
-      rc = mok_error(l, mokInvalidArgument, "%s: rank %d refused its backward input; nothing was written", fn, first_bad);
+    rc = agree_step(l, rc, mokInvalidArgument, fn, "refused its backward input", st);
   }
   /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
    * the shared expert (it cannot read the flag); else every kernel reads it (mega_backward) */
@@ -1718,8 +1780,10 @@ extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_
   const int64_t N = l->cfg.num_ranks, k = l->cfg.topk;
   /* the worst routing: every route of every rank on this rank's experts */
   const int64_t worst = N * num_tokens * k;
-  const int64_t P = l->cfg.row_pad, mega_rows = (worst + l->local_experts * (P - 1) + P - 1) / P * P;
-  const pass_shape sh[4] = {mega_ep_shape(l, num_tokens, 0, mega_rows), mega_ep_shape(l, num_tokens, 1, mega_rows),
+  /* (mokImplMega at N > 1 is not covered: its forward reads the rows on the host and grows its
+   * blocks to them; reserving its worst case, N T k rows of y in the saved block, would cost
+   * every NCCL user GiBs a layer) */
+  const pass_shape sh[4] = {mega_shape(l, num_tokens, 0), mega_shape(l, num_tokens, 1),
                             mok_shape_spread(&l->cfg, mokImplNccl, num_tokens, worst, 1),
                             mok_shape_spread(&l->cfg, mokImplBaseline, num_tokens, worst, 1)};
   size_t saved = 0, scratch = 0;

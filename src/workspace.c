@@ -1,6 +1,8 @@
 /* workspace.c — device blocks that grow with their passes (see workspace.h). */
 #include "workspace.h"
 
+#include "schedule_dev.h" /* defines: mok_schedule_local_scratch */
+
 #include "internal.h"
 
 #include <stdint.h>
@@ -199,5 +201,8 @@ size_t mok_layer_fixed_bytes(const mokConfig_t *c) {
   const int64_t cap = round_up(N * T * k + El * (P - 1), P); /* (the schedule's capacity) */
   /* counts and their exchange, send positions, row map, refusal flags, route rows, row
    * tokens, segments (see gpu_alloc) */
-  return 4 * (size_t)((E + 4) * (N + 1) + T * k + cap + (N + 1) + (T * k + 1) + cap + (2 * El + 1));
+  const size_t base = 4 * (size_t)((E + 4) * (N + 1) + T * k + cap + (N + 1) + (T * k + 1) + cap + (2 * El + 1));
+  /* N > 1: mokImplMega's send-order schedule over E experts (its scratch, row tokens) and
+   * the sources' x table */
+  return base + (N > 1 ? 4 * (size_t)(mok_schedule_local_scratch((int)E) + T * k + 1) + 8 * (size_t)N : 0);
 }

@@ -744,21 +744,21 @@ static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
   /* backward of a different token count than the forward: refused */
   mokRankInput_t other = c->din[s];
   other.num_tokens = c->T[s] - 1;
-  b->nofwd[s] = mokLayerBackward(c->layer[s], mokImplBaseline, &other, &c->dw[s], c->dout_d[s], &c->dg[s], st);
-  /* the forward ran the baseline: a backward through the other GEMM engine is refused */
-  b->other_impl[s] = mokLayerBackward(c->layer[s], mokImplNccl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
+  b->nofwd[s] = mokLayerBackward(c->layer[s], c->impl, &other, &c->dw[s], c->dout_d[s], &c->dg[s], st);
+  /* a backward through another implementation than its forward's is refused */
+  b->other_impl[s] = mokLayerBackward(c->layer[s], c->impl == mokImplNccl ? mokImplBaseline : mokImplNccl, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
   /* host pointer for x: refused before any collective work */
   mokRankInput_t host_in = c->din[s];
   host_in.x = c->in[s].x;
-  b->again_host[s] = mokLayerForward(c->layer[s], mokImplBaseline, &host_in, &c->dw[s], c->out_d[s], st);
+  b->again_host[s] = mokLayerForward(c->layer[s], c->impl, &host_in, &c->dw[s], c->out_d[s], st);
   /* only rank 1 refuses (host pointer): rank 0 must return too, not wait in NCCL */
-  b->one_fwd[s] = mokLayerForward(c->layer[s], mokImplBaseline, s == 1 ? &host_in : &c->din[s], &c->dw[s],
+  b->one_fwd[s] = mokLayerForward(c->layer[s], c->impl, s == 1 ? &host_in : &c->din[s], &c->dw[s],
                                   c->out_d[s], st);
-  rc = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  rc = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
   if (rc != mokSuccess) return rc;
   mokRankGrads_t hg = c->dg[s];
   hg.d_x = (mokBf16 *)c->in[s].x; /* a host pointer */
-  b->one_bwd[s] = mokLayerBackward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->dout_d[s],
+  b->one_bwd[s] = mokLayerBackward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->dout_d[s],
                                    s == 1 ? &hg : &c->dg[s], st);
   /* plant a bad id on rank 1 */
   cudaMemset(c->out_d[s], 0x77, 2);
@@ -766,22 +766,24 @@ static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
     int32_t bad = 8;
     cudaMemcpy((int32_t *)c->din[s].topk_idx + 5, &bad, 4, cudaMemcpyHostToDevice);
   }
-  b->first[s] = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  b->first[s] = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
   cudaStreamSynchronize(st);
   cudaMemcpy(&b->first_out[s], c->out_d[s], 2, cudaMemcpyDeviceToHost);
   if (s == 1) cudaMemcpy((int32_t *)c->din[s].topk_idx + 5, c->in[s].topk_idx + 5, 4, cudaMemcpyHostToDevice);
-  rc = mokLayerForward(c->layer[s], mokImplBaseline, &c->din[s], &c->dw[s], c->out_d[s], st);
+  rc = mokLayerForward(c->layer[s], c->impl, &c->din[s], &c->dw[s], c->out_d[s], st);
   cudaStreamSynchronize(st);
   cudaStreamDestroy(st);
   return rc;
 }
 
-MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) {
+static void refuses_bad_input(test_ctx *t, mokImpl_t impl, int loopback) {
   mokComm_t comms[MAXR] = {0};
-  CHECK_MSG(mokLocalCommsCreate(2, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (loopback) CHECK_MSG(mok_comm_create_loopback(2, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  else CHECK_MSG(mokLocalCommsCreate(2, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (t->failed) return;
   bad_case *b = calloc(1, sizeof *b);
   CHECK(case_init(&b->c, 2, RT_RANDOM, 0.f, mokDtypeBF16, test_seed()));
-  b->c.impl = mokImplBaseline;
+  b->c.impl = impl;
   mokResult_t rc = mokLocalRun(2, comms, rank_bad, b);
   CHECK_MSG(rc == mokSuccess, "the layer did not recover: %s", mokGetLastError());
   for (int s = 0; s < 2; s++) {
@@ -802,6 +804,11 @@ MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) {
   free(b);
   mokLocalCommsDestroy(2, comms);
 }
+
+MOK_GPU_TEST(layer_baseline_refuses_bad_input_2gpu, 2) { refuses_bad_input(t, mokImplBaseline, 0); }
+/* mokImplMega at N > 1 (stage A) on 2 loopback ranks of one GPU: the same refusals, and after
+ * a bad id on one rank the communicator stays usable (the id is not an async device error) */
+MOK_GPU_TEST(layer_mega_refuses_bad_input_loopback, 1) { refuses_bad_input(t, mokImplMega, 1); }
 
 MOK_GPU_TEST(generate_bf16_device_matches_host, 1) {
   enum { n = 1 << 20 };
