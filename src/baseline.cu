@@ -24,6 +24,9 @@
  *   dW_down = dY^T a, dW_gate = dG^T X, dW_up = dU^T X; dX rows travel back;
  *   d_x = bf16(shared + sum_j dx_tj).
  *
+ * mokImplMega (the megakernel path) is in layer_mega.cu; the layer's device state and the
+ * helpers both files call in layer_gpu.h.
+ *
  * Row-major GEMMs on column-major cuBLAS: C[M,N] = op(A)[M,K] op(B)[K,N] is computed as
  * C^T = op(B)^T op(A)^T, i.e. cublasGemmEx(opB, opA, N, M, K, B, A, C) — see gemm_rm.
  */
@@ -36,105 +39,12 @@
 
 #include "bf16.h"
 #include "comm.h"
-#include "ep_dev.h"
 #include "gemm.h"
 #include "internal.h"
-#include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
 #include "schedule_dev.h"
 #include "workspace.h"
 
-#define NUM_GKINDS 9
-/* The forward's count exchange: E route counts, then CNT_BAD (error flag), CNT_TOKENS,
- * CNT_SAVED_MIB, CNT_SCRATCH_MIB (what the rank's row blocks hold: layout_saved). */
-enum { CNT_BAD, CNT_TOKENS, CNT_SAVED_MIB, CNT_SCRATCH_MIB, CNT_EXTRA };
-static_assert(CNT_EXTRA == 4, "mok_layer_fixed_bytes (workspace.c) counts E + 4 ints an exchange");
-
-struct mok_gpu_layer {
-  int device;
-  cublasHandle_t cublas;   /* shared expert GEMMs and per-expert loops */
-  /* One handle per grouped expert GEMM kind: cuBLAS's grouped call prepares each new set
-   * of problem shapes on the host, and with one handle a forward + backward alternates
-   * nine sets, so every call paid that preparation (measured: qwen3.5 T=2048 forward
-   * GEMMs 2.7 ms alone, 10.7 ms between backwards). A handle per kind keeps its set. */
-  cublasHandle_t cublas_kind[NUM_GKINDS];
-  int64_t cap;           /* padded rows of the last forward (R: the row buffers' capacity) */
-  /* host, pinned */
-  int32_t *h_idx;        /* [T_max*k] */
-  int32_t *h_pos;        /* [T_max*k] send row of each route, -1 for an empty slot */
-  int32_t *h_cnt;        /* [E + CNT_EXTRA] this rank's routes per global expert, then the error flag,
-                            its tokens and the MiB its saved and scratch blocks hold */
-  int32_t *h_cnt_all;    /* [N, E + CNT_EXTRA] every rank's */
-  int32_t *h_flags;      /* [1 + N] exchange_refusals: this rank's flag, then every rank's */
-  int32_t *h_map;        /* [cap] receive row of each padded row, -1 on padding */
-  /* device */
-  int32_t *d_cnt, *d_cnt_all, *d_pos, *d_map, *d_flags; /* (d_flags: [1 + N], as h_flags) */
-  /* The row buffers of a pass, carved from two growing blocks (workspace.h; layout_saved,
-   * layout_scratch): R = the forward's padded rows (g->cap), Q = its routes T*k, T64 = its
-   * tokens rounded up to 64. Saved (the layer's block `saved`, kept for the backward): */
-  mok_devbuf saved;
-  mokBf16 *xg;           /* [R, H] gathered X */
-  mokBf16 *gu;           /* [R, 2I] [g|u] (bf16, +-inf where clamped) */
-  mokBf16 *act;          /* [R, I] a */
-  mokBf16 *yret;         /* [Q, H] y_tj in send order (NCCL paths) */
-  mokBf16 *s_gu, *s_act; /* [T64, 2 I_s], [T64, I_s] */
-  /* Scratch (the communicator's block, dead between passes); mokImplMega keeps yp saved: */
-  mokBf16 *yp;           /* [R, H] expert outputs, then dY (padded layout) */
-  mokBf16 *send;         /* [Q, H]: x rows, then dY rows; finally dX partials (send order) */
-  mokBf16 *recv;         /* [rows received, H] */
-  float *gu32;           /* [R, 2I] fp32 [g|u] when the clamp is on (cuBLAS) */
-  float *f32;            /* cuBLAS: [R, max(I, H)] fp32 dA, then dX; mok's GEMMs: [R, H] bf16 dX */
-  mokBf16 *dgu;          /* [R, 2I] [dG|dU] */
-  float *s_gu32;         /* [T64, 2 I_s] when the clamp is on (cuBLAS) */
-  mokBf16 *s_y;          /* [T64, H] */
-  float *s_f32;          /* [T64, max(I_s, H)]; mokImplMega's backward: the shared dX rows
-                            (bf16) of mok_gemm_shared_backward */
-  mokBf16 *s_dgu;        /* [T64, 2 I_s] */
-  int64_t fwd_recv, fwd_routes; /* rows the last forward received (NCCL paths), its routes */
-  size_t fixed_bytes;    /* device bytes of the index arrays made at create (mokLayerMemoryInfo) */
-  /* grouped GEMM arguments: host arrays [E_l]; pointer arrays in SLOTS rotating slots
-   * (pinned host -> device), so a call never overwrites pointers a pending copy reads */
-  int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
-  float *galpha, *gbeta;
-  cublasOperation_t *gta, *gtb;
-  const void **h_ptrs, **d_ptrs; /* [SLOTS][3][E_l] */
-  const void **ops;              /* [3][E_l] host scratch: A, B, C of the groups of one call */
-  int32_t *cursor;               /* [E + 1] host scratch: next send row of each expert */
-  int slot;
-  int grouped_ok;                /* cublasGemmGroupedBatchedEx usable (else a loop of GEMMs) */
-  unsigned grouped_mask;         /* ~0: choose per call; else bit k: kind k grouped (MOK_BASELINE_GROUPED) */
-  /* The implementation of the last forward (resolve_impl; the backward runs the same):
-   * its expert GEMMs are cuBLAS (mokImplBaseline) or mok's grouped Hopper GEMMs
-   * (mokImplNccl; src/gemm.cu), which read the segment offsets from the device, so one
-   * launch covers every expert whatever its rows. */
-  mokImpl_t fwd_impl;
-  int sm90;              /* the device is Hopper: mokImplAuto resolves to mokImplNccl */
-  /* mokImplMega (one GPU): the device schedule's arrays (its backward needs no host copy) */
-  int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
-  int32_t *d_shared_seg; /* [3] the shared expert as the megakernel's one-expert problem */
-  int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
-  int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
-  int fwd_shared_in;     /* the last forward (mokImplMega) ran the shared expert as tiles of its launch:
-                            the backward runs it on mok's GEMMs too, with no host wait */
-  /* mokImplMega at N > 1 (stage A, mega_ep_forward): the send order's schedule over the E
-   * global experts (its scratch, its row tokens [T_max k]) and the sources' x table [N] */
-  int32_t *d_ep_scratch, *d_ep_rowtok;
-  const mokBf16 **d_xsrc;
-  int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
-                            segment offsets (device; the layout of seg_cnt / seg_off) */
-  /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
-  int prof, nev;
-  cudaEvent_t ev[32];
-  const char *evname[32];
-  /* the last forward (host) */
-  int fwd_valid, fwd_tokens;
-  int64_t *send_cnt, *send_base, *recv_cnt, *recv_base; /* [N] rows */
-  int32_t *seg_cnt, *seg_off;                           /* [E_l], [E_l + 1] */
-};
-
-/* mokImplMega: comm CTAs of the forward megakernel (they dispatch, then join the down tiles).
- * T=8192, 1x H200 (docs/PERF.md): 8 / 16 / 32 / 48 gave qwen3.5 6.55 / 5.62 / 5.49 / 5.55 ms,
- * glm-5.2 10.49 / 10.53 / 10.55 / 10.54. */
-#define MEGA_COMM_CTAS 32
+#include "layer_gpu.h"
 
 /* ---- kernels -------------------------------------------------------------------- */
 /* Rows are H bf16 = H/8 uint4 (H is a multiple of 64). One block per row slice. */
@@ -242,42 +152,9 @@ __global__ void k_combine(const Tb *__restrict__ base, const uint16_t *__restric
     }
 }
 
-/* mokImplMega's combine: out[t] = bf16(base[t] + sum_j w[t,j] * y[row[t,j]]) straight
- * from the padded y (row: the route's row, -1 = empty slot), 8 columns a thread; the
- * same operations in the same order as k_combine (so bitwise its result; w NULL = 1, and
- * 1.0f * v is v). The backward's d_x: base the shared dX rows, y the dX partials, w NULL.
- * Nothing when *bad (the device schedule refused the routes). */
-__global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__restrict__ y,
-                               const int32_t *__restrict__ row, const float *__restrict__ w, int T, int k, int row_u4,
-                               const int32_t *bad, uint4 *__restrict__ out) {
-  if (*(const volatile int32_t *)bad) return; /* the schedule refused the routes: out stays as it was */
-  for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
-    for (int u = threadIdx.x; u < row_u4; u += blockDim.x) {
-      float acc[8];
-      if (base) {
-        const uint4 b = base[t * row_u4 + u];
-        const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-        for (int q = 0; q < 4; q++)
-          acc[2 * q] = mok_bf16_to_f32((uint16_t)(bw[q] & 0xffffu)), acc[2 * q + 1] = mok_bf16_to_f32((uint16_t)(bw[q] >> 16));
-      } else {
-        for (int q = 0; q < 8; q++) acc[q] = 0.f;
-      }
-      for (int j = 0; j < k; j++) {
-        const int32_t r = row[t * k + j];
-        if (r < 0) continue;
-        const float wt = w ? w[t * k + j] : 1.f;
-        const uint4 v = y[(int64_t)r * row_u4 + u];
-        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-        for (int q = 0; q < 4; q++) {
-          acc[2 * q] += wt * mok_bf16_to_f32((uint16_t)(vw[q] & 0xffffu));
-          acc[2 * q + 1] += wt * mok_bf16_to_f32((uint16_t)(vw[q] >> 16));
-        }
-      }
-      uint32_t ow[4];
-      for (int q = 0; q < 4; q++)
-        ow[q] = (uint32_t)mok_f32_to_bf16(acc[2 * q]) | (uint32_t)mok_f32_to_bf16(acc[2 * q + 1]) << 16;
-      out[t * row_u4 + u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
-    }
+void mok_lg_combine_f32(const float *base, const mokBf16 *rows, const int32_t *pos, int T, int k, int H,
+                        const int32_t *bad, mokBf16 *out, cudaStream_t st) {
+  k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(base, rows, pos, NULL, T, k, H, bad, out);
 }
 
 /* d_topk_w[q] = <d_out[t], y_ret[pos[q]]>: one warp per route, fixed reduction order. */
@@ -296,23 +173,6 @@ __global__ void k_dtopk(const uint16_t *__restrict__ dout, const uint16_t *__res
   }
 }
 
-/* mokImplMega's backward, one pass over the routed rows: d_topk_w[q] = <d_out[t], y[row[q]]>
- * (k_dtopk's sums, in its order), then the same row becomes dY: bf16(w[q] * d_out[t])
- * (k_dy_rows' values). One warp a route; each lane reads its y elements before it
- * overwrites them. Nothing when *bad (the device refused the forward). */
-__global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__restrict__ w,
-                           const int32_t *__restrict__ row, int64_t routes, int k, int H, const int32_t *bad,
-                           uint16_t *__restrict__ rows, float *__restrict__ dw) {
-  if (*(const volatile int32_t *)bad) return;
-  int lane = threadIdx.x & 31;
-  for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
-       q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
-    const int32_t r = row[q];
-    const float s = r >= 0 ? mok_dtopk_dy_row(dout + (q / k) * H, rows + (int64_t)r * H, w[q], H, lane) : 0.f;
-    if (lane == 0) dw[q] = s;
-  }
-}
-
 /* send[pos[q]] = bf16(w[q] * d_out[t]). */
 __global__ void k_dy_rows(const uint16_t *__restrict__ dout, const float *__restrict__ w, const int32_t *__restrict__ pos,
                           int64_t routes, int k, int H, uint16_t *__restrict__ dst) {
@@ -326,10 +186,6 @@ __global__ void k_dy_rows(const uint16_t *__restrict__ dout, const float *__rest
 }
 
 /* ---- helpers ---------------------------------------------------------------------- */
-static unsigned grid_for(int64_t n, int64_t per_block) {
-  int64_t b = (n + per_block - 1) / per_block;
-  return (unsigned)(b < 1 ? 1 : b > 65535 ? 65535 : b);
-}
 
 #define CUBLAS_CHECK(l, call)                                                                         \
   do {                                                                                                \
@@ -402,7 +258,7 @@ static inline void gset(struct mok_gpu_layer *g, int q, int M, int N, int K, int
 /* Grouped ncclSend/ncclRecv of rows (row_bytes each): all-to-all-v. */
 /* The rows of mok's grouped GEMMs; a wait that runs out in them is recorded in the
  * communicator's error word, so mokCommGetAsyncError reports it like a comm timeout. */
-static mokResult_t gemm_rows(mokLayer_t l, int El, int64_t cap, const int32_t *seg, mokGemmRows_t *r) {
+mokResult_t mok_lg_gemm_rows(mokLayer_t l, int El, int64_t cap, const int32_t *seg, mokGemmRows_t *r) {
   mokCommDev dev;
   MOK_CHECK(mok_comm_device_view(l->comm, &dev));
   memset(r, 0, sizeof *r);
@@ -435,13 +291,13 @@ static mokResult_t all_to_all_rows(mokLayer_t l, ncclComm_t nc, const void *send
 }
 
 /* Phase marks for MOK_BASELINE_PROFILE (printing only when that variable asks). */
-static void prof_mark(struct mok_gpu_layer *g, const char *name, cudaStream_t st) {
+void mok_lg_prof_mark(struct mok_gpu_layer *g, const char *name, cudaStream_t st) {
   if (!g->prof || g->nev >= 32) return;
   if (!g->ev[g->nev]) cudaEventCreate(&g->ev[g->nev]);
   cudaEventRecord(g->ev[g->nev], st);
   g->evname[g->nev++] = name;
 }
-static void prof_report(struct mok_gpu_layer *g, const char *pass, int rank) {
+void mok_lg_prof_report(struct mok_gpu_layer *g, const char *pass, int rank) {
   if (!g->prof || g->nev < 2) { g->nev = 0; return; }
   cudaEventSynchronize(g->ev[g->nev - 1]);
   char line[1024];
@@ -791,7 +647,6 @@ static mokResult_t check_pass(mokLayer_t l, const char *fn, mokImpl_t impl, cons
 
 /* ---- forward ------------------------------------------------------------------------- */
 /* ---- the row buffers of a pass (workspace.h) ------------------------------------------ */
-typedef mok_pass_shape pass_shape;
 
 static void *at_off(void *base, size_t off) { return off == MOK_LAYOUT_NONE ? NULL : (char *)base + off; }
 
@@ -847,12 +702,10 @@ static pass_shape rank_shape(mokLayer_t l, int s, mokImpl_t impl) {
   return p;
 }
 
-/* The shape of a mokImplMega forward of T tokens (one rank: every route is local). */
-static pass_shape mega_shape(mokLayer_t l, int T, int shared_in) { return mok_shape_mega(&l->cfg, T, shared_in); }
 
 /* Makes the blocks hold pass p's buffers and carves them: a forward (backward = 0) the
  * saved block and the scratch of both passes; a backward the scratch it uses. */
-static mokResult_t pass_buffers(mokLayer_t l, const pass_shape *p, int backward, cudaStream_t st, const char *fn) {
+mokResult_t mok_lg_pass_buffers(mokLayer_t l, const pass_shape *p, int backward, cudaStream_t st, const char *fn) {
   struct mok_gpu_layer *g = l->gpu;
   mok_devbuf *scr = mok_comm_scratch(l->comm);
   if (!backward) {
@@ -882,12 +735,12 @@ static void pass_done(mokLayer_t l, cudaStream_t st) {
   mok_devbuf_done(mok_comm_scratch(l->comm), st);
 }
 
-static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st);
-static mokResult_t agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
+mokResult_t mok_lg_exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st);
+mokResult_t mok_lg_agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
                               cudaStream_t st);
 
 /* The shared expert's forward (cuBLAS): s_gu, s_act (saved) and s_y. */
-static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
+mokResult_t mok_lg_shared_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
   const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
@@ -908,285 +761,6 @@ static mokResult_t shared_forward(mokLayer_t l, const mokRankInput_t *in, const 
   return mokSuccess;
 }
 
-/* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
- * in tests: each rank's launch must have all its CTAs resident beside the others'). */
-static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
-  struct mok_gpu_layer *g = l->gpu;
-  const int share = mok_comm_device_share(l->comm);
-  *ctas = 0, *comm_ctas = g->mega_comm_ctas;
-  if (share > 1) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
-    *ctas = sms / share;
-    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
-  }
-}
-/* The forward megakernel of a pass: m names where its rows come from (row_tok, or row_route
- * and x_src); its CTAs, the refusal flag and the shared expert's tiles (where shared_in) are
- * set here. */
-static mokResult_t mega_launch(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, int shared_in,
-                               const mokGemmRows_t *rows, mokFfnMega_t *m, cudaStream_t st) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int T = in->num_tokens;
-  m->x = T ? in->x : NULL, m->bad = g->d_bad;
-  mega_ctas(l, &m->ctas, &m->comm_ctas);
-  if (shared_in) {
-    m->s_gate = w->s_gate, m->s_up = w->s_up, m->s_down = w->s_down;
-    m->s_act = g->s_act, m->s_gu = g->s_gu, m->s_y = g->s_y, m->s_seg = g->d_shared_seg, m->tokens = T;
-  }
-  MOK_CHECK(mok_gemm_ffn_mega(rows, c->hidden, c->inter, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act,
-                              g->gu, g->yp, m, st));
-  prof_mark(g, "megakernel", st);
-  return mokSuccess;
-}
-
-/* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the forward
- * megakernel (dispatch, the shared expert's tiles where I_s = I and s_up follows s_gate,
- * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine
- * (k_combine_rows; not yet inside the megakernel, see ffn_fwd.cuh). No host wait: a bad
- * expert id is found on the device (the schedule records it in the communicator's error
- * word, mokCommGetAsyncError reports it, the megakernel writes nothing, and so does the
- * backward: see mega_backward). */
-static mokResult_t mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
-                                cudaStream_t st) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  static const char fn[] = "mokLayerForward";
-  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, T = in->num_tokens;
-  g->fwd_valid = 0;
-  /* the shared expert as tiles of the launch: its width is the routed experts' and s_up
-   * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
-  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
-  const pass_shape ps = mega_shape(l, T, shared_in);
-  MOK_CHECK(pass_buffers(l, &ps, 0, st, fn));
-  mokGemmRows_t rows;
-  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
-  mokLocalSchedule_t s;
-  memset(&s, 0, sizeof s);
-  s.topk_idx = in->topk_idx;
-  s.num_tokens = T, s.topk = c->topk, s.num_experts = El, s.row_pad = c->row_pad;
-  s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
-  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
-  s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
-  if (shared_in) s.shared_seg = g->d_shared_seg;
-  g->fwd_shared_in = shared_in;
-  prof_mark(g, "start", st);
-  MOK_CHECK(mok_schedule_local_launch(&s, st));
-  prof_mark(g, "schedule", st);
-  if (!shared_in) MOK_CHECK(shared_forward(l, in, w, st));
-  prof_mark(g, "shared", st);
-  mokFfnMega_t m;
-  memset(&m, 0, sizeof m);
-  m.row_tok = g->d_row_tok;
-  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
-  if (T)
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
-                                                   g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
-                                                   (uint4 *)out);
-  CUDA_CHECK(l, cudaGetLastError());
-  prof_mark(g, "combine", st);
-  prof_report(g, "fwd", rows.rank);
-  g->fwd_valid = 1;
-  g->fwd_tokens = T;
-  return mokSuccess;
-}
-
-/* ---- mokImplMega at N > 1, stage A (docs/MEGAKERNEL.md, "More than one GPU") ----------
- * What peers read or write lies in the communicator's symmetric workspace, at the same
- * offsets on every rank (workspace.h, mok_layout_ep_window; the layers of a communicator
- * share it: nothing in it lives from one pass to the next). COMB: the y (forward) or dX
- * (backward) row of each of this rank's routes, pushed by the expert rank that ran it (one
- * writer a slot); X: its tokens (forward) or d_out (backward), read by the expert ranks.
- * A pass: its inputs into the window, its send order, a cross-rank barrier; the expert
- * rank's schedule from every source's send order (mok_schedule_ep_launch); the host reads
- * the rows it received (stage A's one wait: the row buffers are sized by them), the
- * forward megakernel reads each row from its source's X; the rows pushed back to COMB,
- * a barrier, the combine from the local COMB. Stage B (the ring) removes the host wait. */
-/* The window (grown where it is smaller: collective, every rank asks the same size) and
- * rank p's pointer to offset off of rank q's window, in base[q]. */
-static mokResult_t ep_window_bases(mokLayer_t l, size_t off[MOK_EP_NUM], char **base) {
-  const size_t need = mok_layout_ep_window(&l->cfg, off);
-  size_t have = 0;
-  MOK_CHECK(mokCommWorkspaceSize(l->comm, &have));
-  if (have < need) MOK_CHECK(mokCommReserveWorkspace(l->comm, need));
-  mokCommDev cd;
-  MOK_CHECK(mok_comm_device_view(l->comm, &cd));
-  for (int q = 0; q < l->cfg.num_ranks; q++) base[q] = cd.peer_base[q] + MOK_COMM_CTRL_BYTES;
-  return mokSuccess;
-}
-
-/* A cross-rank barrier on st (one CTA; bounded: a missing peer becomes mokTimeout). */
-static mokResult_t ep_barrier(mokLayer_t l, cudaStream_t st) { return mok_comm_launch_barriers(l->comm, 1, 32, 1, 0, 0, st); }
-
-/* The rows buffers of a mokImplMega forward at N > 1 that received `rows` padded rows. */
-static pass_shape mega_ep_shape(mokLayer_t l, int T, int shared_in, int64_t rows) {
-  return mok_shape_mega_rows(&l->cfg, T, shared_in, rows);
-}
-
-
-/* Orders this pass after the last users of the layer's saved block and the communicator's
- * scratch block on other streams (pass_buffers does too, but mokImplMega at N > 1 writes the
- * window and the layer's index arrays before it: peers' kernels of the last pass on this
- * communicator, or this layer's backward, may still read them). */
-static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const char *fn) {
-  MOK_CHECK(mok_devbuf_reserve(l, &l->gpu->saved, 0, st, fn, "layer's saved rows"));
-  return mok_devbuf_reserve(l, mok_comm_scratch(l->comm), 0, st, fn, "communicator's scratch rows");
-}
-
-/* Steps 1 and 2 of mega_ep_forward, up to the host read (into g->h_cnt: rows received, the
- * EP schedule's flag, this rank's own refusal flag). */
-static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
-                                       int rank, cudaStream_t st, const char *fn) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, k = c->topk;
-  const int T = in->num_tokens;
-  char *me = base[rank];
-  MOK_CHECK(order_after_last_pass(l, st, fn));
-  /* 1. this rank's tokens and send order where the expert ranks read them; a bad id sets
-   * only BAD (no error word: the communicator stays usable, every rank refuses below) */
-  if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
-  mokLocalSchedule_t s;
-  memset(&s, 0, sizeof s);
-  s.topk_idx = in->topk_idx;
-  s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
-  s.expert_count = (int32_t *)(me + off[MOK_EP_CNT]), s.expert_offset = (int32_t *)(me + off[MOK_EP_OFF]);
-  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
-  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.error_word = NULL, s.rank = rank;
-  MOK_CHECK(mok_schedule_local_launch(&s, st));
-  MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
-  MOK_CHECK(ep_barrier(l, st));
-  /* 2. this rank's rows from every source's send order */
-  mokEpSchedule_t es;
-  memset(&es, 0, sizeof es);
-  es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = c->max_tokens;
-  es.topk = k;
-  for (int q = 0; q < N; q++) {
-    es.count[q] = (const int32_t *)(base[q] + off[MOK_EP_CNT]), es.off[q] = (const int32_t *)(base[q] + off[MOK_EP_OFF]);
-    es.order[q] = (const int32_t *)(base[q] + off[MOK_EP_ORD]), es.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
-  }
-  es.capacity = l->sched_capacity;
-  es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
-  es.row_route = g->d_row_tok, es.flag = g->d_bad;
-  MOK_CHECK(mok_schedule_ep_launch(&es, st));
-  prof_mark(g, "schedule", st);
-  /* stage A's host wait: the rows received size the row buffers */
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_seg + 2 * El, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 1, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 2, me + off[MOK_EP_BAD], sizeof(int32_t), cudaMemcpyDeviceToHost, st));
-  CUDA_CHECK(l, cudaStreamSynchronize(st));
-  return mokSuccess;
-}
-
-/* The forward's refusal of a bad expert id (every rank sees the EP schedule's flag): this
- * rank names its first bad route (topk_idx read back: an error path). */
-static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int rank, cudaStream_t st, const char *fn) {
-  const int E = l->cfg.num_experts, k = l->cfg.topk;
-  const int64_t routes = (int64_t)in->num_tokens * k;
-  if (l->gpu->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
-    return mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity "
-                     "%lld; nothing was written", fn, rank, (long long)l->sched_capacity);
-  int first_bad = -1; /* (which rank: every rank takes part, as every rank saw the flag) */
-  MOK_CHECK(exchange_refusals(l, l->gpu->h_cnt[2] != 0, &first_bad, st));
-  if (!l->gpu->h_cnt[2])
-    return mok_error(l, mokInvalidArgument, "%s: rank %d's topk_idx held an expert id outside [-1, %d) (its "
-                     "mokGetLastError says where); nothing was written", fn, first_bad, E);
-  if (routes && cudaMemcpy(l->gpu->h_idx, in->topk_idx, 4 * (size_t)routes, cudaMemcpyDeviceToHost) == cudaSuccess)
-    for (int64_t q = 0; q < routes; q++)
-      if (l->gpu->h_idx[q] < -1 || l->gpu->h_idx[q] >= E)
-        return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, "
-                         "%d) or -1; nothing was written", fn, rank, (long long)(q / k), (long long)(q % k),
-                         (int)l->gpu->h_idx[q], E);
-  cudaGetLastError();
-  return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx held an expert id outside [-1, %d); nothing was "
-                   "written", fn, rank, E);
-}
-
-static mokResult_t mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
-                                   cudaStream_t st) {
-  static const char fn[] = "mokLayerForward";
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, I = c->inter;
-  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
-  g->fwd_valid = 0;
-  size_t off[MOK_EP_NUM];
-  char *base[MOK_COMM_MAX_RANKS];
-  prof_mark(g, "start", st);
-  /* Steps 1-3 end in an exchange of whether each rank got through them, so that a rank that
-   * fails in one never leaves its peers waiting in a host collective (a failed barrier launch
-   * still makes theirs time out: the communicator then reports it). */
-  mokResult_t ar = ep_window_bases(l, off, base);
-  if (ar == mokSuccess) ar = ep_forward_schedule(l, in, off, base, rank, st, fn);
-  const int refused = ar == mokSuccess && g->h_cnt[1];
-  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
-  if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
-    const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
-    ar = pass_buffers(l, &ps, 0, st, fn);
-  }
-  MOK_CHECK(agree_step(l, ar, mokInvalidArgument, fn, "failed in this forward's schedule or row buffers (its "
-                       "mokGetLastError says why)", st));
-  if (refused) return ep_refuse_ids(l, in, rank, st, fn);
-  char *me = base[rank];
-  mokGemmRows_t rows;
-  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &rows));
-  /* 4. the shared expert (in the launch or on cuBLAS) and the megakernel, rows read from their sources */
-  if (shared_in) {
-    int32_t seg[3] = {T, 0, (T + c->row_pad - 1) / c->row_pad * c->row_pad};
-    CUDA_CHECK(l, cudaMemcpyAsync(g->d_shared_seg, seg, sizeof seg, cudaMemcpyHostToDevice, st));
-  } else {
-    MOK_CHECK(shared_forward(l, in, w, st));
-  }
-  g->fwd_shared_in = shared_in;
-  const mokBf16 *xsrc[MOK_COMM_MAX_RANKS];
-  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]);
-  CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
-  mokFfnMega_t m;
-  memset(&m, 0, sizeof m);
-  m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
-  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
-  /* 5. every y row to its source's COMB slot; the slot map of this rank's routes */
-  mokEpPush_t p;
-  memset(&p, 0, sizeof p);
-  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
-  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
-  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[MOK_EP_COMB]);
-  MOK_CHECK(mok_ep_push_launch(&p, st));
-  if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
-  MOK_CHECK(ep_barrier(l, st));
-  prof_mark(g, "push", st);
-  /* 6. the combine from this rank's COMB */
-  if (T)
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)(me + off[MOK_EP_COMB]),
-                                                   g->d_route_row, in->topk_w, T, k, H / 8, g->d_bad, (uint4 *)out);
-  CUDA_CHECK(l, cudaGetLastError());
-  prof_mark(g, "combine", st);
-  prof_report(g, "fwd", rank);
-  g->fwd_valid = 1;
-  g->fwd_tokens = T;
-  return mokSuccess;
-}
-
-/* Before a backward of mokImplMega's forward whose shared expert ran on cuBLAS: a forward
- * whose routes the device schedule refused is refused here (one 4-byte read, a wait on the
- * device; the exchange of refusals has been made already). */
-static mokResult_t mega_backward_check(mokLayer_t l, cudaStream_t st) {
-  static const char fn[] = "mokLayerBackward";
-  struct mok_gpu_layer *g = l->gpu;
-  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st)); /* (pinned) */
-  CUDA_CHECK(l, cudaStreamSynchronize(st));
-  if (g->h_cnt[0]) {
-    g->fwd_valid = 0;
-    return mok_error(l, mokInvalidArgument, "%s: the forward's topk_idx held an expert id outside [-1, %d) (found on "
-                     "the device; the forward wrote nothing, mokCommGetAsyncError reports where)", fn,
-                     l->cfg.num_experts);
-  }
-  return mokSuccess;
-}
-
 static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
                                     cudaStream_t st) {
   static const char fn[] = "mokLayerForward";
@@ -1203,7 +777,7 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   g->fwd_valid = 0;
   g->fwd_shared_in = 0;
 
-  prof_mark(g, "start", st);
+  mok_lg_prof_mark(g, "start", st);
   /* 1. routing to the host (the baseline's one wait), counts and send positions */
   if (routes) CUDA_CHECK(l, cudaMemcpyAsync(g->h_idx, in->topk_idx, 4 * routes, cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
@@ -1243,9 +817,9 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
                scratch_need(l, &ps) > ((size_t)ex[CNT_SCRATCH_MIB] << 20);
   }
   const pass_shape me = rank_shape(l, rank, g->fwd_impl);
-  mokResult_t ar = pass_buffers(l, &me, 0, st, fn);
+  mokResult_t ar = mok_lg_pass_buffers(l, &me, 0, st, fn);
   if (grow_any)
-    MOK_CHECK(agree_step(l, ar, mokOutOfMemory, fn, "could not grow its row buffers for this forward (its "
+    MOK_CHECK(mok_lg_agree_step(l, ar, mokOutOfMemory, fn, "could not grow its row buffers for this forward (its "
                          "mokGetLastError says why)", st));
   MOK_CHECK(ar);
   /* send order: sorted by global expert, then (t, j) */
@@ -1289,57 +863,57 @@ static mokResult_t baseline_forward(mokLayer_t l, const mokRankInput_t *in, cons
   if (routes) CUDA_CHECK(l, cudaMemcpyAsync(g->d_pos, g->h_pos, 4 * routes, cudaMemcpyHostToDevice, st));
   if (rows) CUDA_CHECK(l, cudaMemcpyAsync(g->d_map, g->h_map, 4 * rows, cudaMemcpyHostToDevice, st));
 
-  prof_mark(g, "routing", st);
+  mok_lg_prof_mark(g, "routing", st);
   /* 3. dispatch */
   const int row_u4 = H / 8;
   if (routes) k_permute_rows<<<grid_for(routes, 1), 128, 0, st>>>((const uint4 *)in->x, g->d_pos, k, routes, row_u4,
                                                                   (uint4 *)g->send);
-  prof_mark(g, "permute", st);
+  mok_lg_prof_mark(g, "permute", st);
   MOK_CHECK(all_to_all_rows(l, nc, g->send, g->send_cnt, g->send_base, g->recv, g->recv_cnt, g->recv_base,
                             2 * (size_t)H, st));
-  prof_mark(g, "a2a", st);
+  mok_lg_prof_mark(g, "a2a", st);
   /* 4. padded expert-sorted layout */
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, row_u4,
                                                              (uint4 *)g->xg);
-  prof_mark(g, "gather", st);
+  mok_lg_prof_mark(g, "gather", st);
   /* 5. experts */
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
   mokGemmRows_t grows;
-  MOK_CHECK(gemm_rows(l, El, g->cap, g->d_seg, &grows));
+  MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &grows));
   grows.expert_count_host = g->seg_cnt; /* the counts, on the host since the routing wait */
   if (g->fwd_impl == mokImplNccl) {
     CUDA_CHECK(l, cudaMemcpyAsync(g->d_seg, g->seg_cnt, sizeof(int32_t) * (size_t)(2 * El + 1), cudaMemcpyHostToDevice, st));
     /* gate+up (SwiGLU) and down: one fused launch where its rule picks it (gemm.h) */
     MOK_CHECK(mok_gemm_ffn_fwd(&grows, H, I, L, g->xg, w->w_gate, w->w_up, w->w_down, g->act, g->gu, g->yp, st));
-    prof_mark(g, "gateup+swiglu+down", st);
+    mok_lg_prof_mark(g, "gateup+swiglu+down", st);
   } else {
     MOK_CHECK(expert_gemm(l, G_GATE, w, NULL, st));
     MOK_CHECK(expert_gemm(l, G_UP, w, NULL, st));
-    prof_mark(g, "gateup", st);
+    mok_lg_prof_mark(g, "gateup", st);
     if (rows) {
       if (L > 0)
         k_swiglu_fwd<float><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu32, rows, I, L, g->act, g->gu);
       else
         k_swiglu_fwd<uint16_t><<<grid_for(rows * I, 256), 256, 0, st>>>(g->gu, rows, I, 0.f, g->act, NULL);
     }
-    prof_mark(g, "swiglu", st);
+    mok_lg_prof_mark(g, "swiglu", st);
     MOK_CHECK(expert_gemm(l, G_DOWN, w, NULL, st));
-    prof_mark(g, "down", st);
+    mok_lg_prof_mark(g, "down", st);
   }
   /* 6. back to the source ranks, into send order */
   if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(g->yp, g->d_map, rows, H, g->recv);
   MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->yret, g->send_cnt, g->send_base,
                             2 * (size_t)H, st));
-  prof_mark(g, "scatter+a2a", st);
+  mok_lg_prof_mark(g, "scatter+a2a", st);
   /* 7. shared expert and combine */
-  MOK_CHECK(shared_forward(l, in, w, st));
+  MOK_CHECK(mok_lg_shared_forward(l, in, w, st));
   if (T)
     k_combine<uint16_t><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_y : NULL, g->yret, g->d_pos, in->topk_w, T, k, H, NULL,
                                                         out);
   CUDA_CHECK(l, cudaGetLastError());
-  prof_mark(g, "shared+combine", st);
-  prof_report(g, "fwd", rank);
+  mok_lg_prof_mark(g, "shared+combine", st);
+  mok_lg_prof_report(g, "fwd", rank);
   g->fwd_valid = 1;
   g->fwd_tokens = T;
   return mokSuccess;
@@ -1353,7 +927,7 @@ static mokResult_t zero_grad(mokLayer_t l, void *p, int64_t elems, cudaStream_t 
 }
 
 /* The shared expert's backward (cuBLAS): its weight gradients, and its dX (fp32) in s_f32. */
-static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+mokResult_t mok_lg_shared_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                    const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
@@ -1382,153 +956,29 @@ static mokResult_t shared_backward(mokLayer_t l, const mokRankInput_t *in, const
 
 /* The weight gradients' dtype argument of mok's GEMMs: grad_dtype, and MOK_GEMM_ACCUMULATE
  * where the caller asks them added to its buffers. */
-static mokDtype_t wgrad_dtype(mokLayer_t l, const mokRankGrads_t *gr) {
+mokDtype_t mok_lg_wgrad_dtype(mokLayer_t l, const mokRankGrads_t *gr) {
   return (mokDtype_t)((int)l->cfg.grad_dtype | (gr->accumulate ? MOK_GEMM_ACCUMULATE : 0));
 }
 
 /* The routed experts' backward with mok's GEMMs on the padded rows (dY in yp): dgu, the dX
  * partials (bf16, into dxb: [cap, H] fits in the fp32 scratch) and every weight gradient. */
-static mokResult_t mok_expert_backward(mokLayer_t l, const mokRankWeights_t *w, const mokRankGrads_t *gr, mokBf16 *dxb,
+mokResult_t mok_lg_expert_backward(mokLayer_t l, const mokRankWeights_t *w, const mokRankGrads_t *gr, mokBf16 *dxb,
                                        const int32_t *skip, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
   const int H = c->hidden, I = c->inter;
   const float L = c->swiglu_limit;
   mokGemmRows_t grows;
-  MOK_CHECK(gemm_rows(l, l->local_experts, g->cap, g->d_seg, &grows));
+  MOK_CHECK(mok_lg_gemm_rows(l, l->local_experts, g->cap, g->d_seg, &grows));
   grows.skip = skip;
   MOK_CHECK(mok_gemm_down_dgrad(&grows, H, I, L, g->yp, w->w_down, g->gu, g->dgu, st));
-  prof_mark(g, "dA+swiglu'", st);
+  mok_lg_prof_mark(g, "dA+swiglu'", st);
   MOK_CHECK(mok_gemm_gateup_dgrad(&grows, H, I, g->dgu, w->w_gate, w->w_up, dxb, st));
-  prof_mark(g, "dX", st);
-  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, wgrad_dtype(l, gr), gr->d_w_down, st));
-  prof_mark(g, "dWdown", st);
-  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, wgrad_dtype(l, gr), gr->d_w_gate, gr->d_w_up, st));
-  prof_mark(g, "dWgateup", st);
-  return mokSuccess;
-}
-
-/* mokImplMega's backward after dY: the four expert GEMMs (the dX rows into dxb) and the
- * shared expert: on mok's GEMMs where the forward ran it as tiles of its launch (a one-expert
- * problem over the tokens, mok_gemm_shared_backward; its dX rows bf16 in s_f32), else cuBLAS
- * (shared_backward, dX fp32). */
-static mokResult_t mega_backward_gemms(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
-                                       const mokBf16 *dout, const mokRankGrads_t *gr, mokBf16 *dxb, cudaStream_t st) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
-  MOK_CHECK(mok_expert_backward(l, w, gr, dxb, g->d_bad, st));
-  if (!(Is && T && g->fwd_shared_in)) return shared_backward(l, in, w, dout, gr, st);
-  mokGemmRows_t sr;
-  MOK_CHECK(gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr)); /* {T}, {0, T64} */
-  sr.input_rows = T;
-  sr.skip = g->d_bad;
-  return mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down, g->s_gu,
-                                  g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, wgrad_dtype(l, gr), gr->d_s_gate, gr->d_s_up,
-                                  gr->d_s_down, st);
-}
-
-/* d_x = bf16(the shared dX rows + the dX rows of each route): rows[d_route_row[t k + j]]
- * (the padded rows at N = 1, the COMB slots at N > 1). Nothing when the forward was refused. */
-static void mega_combine_dx(mokLayer_t l, int T, const mokBf16 *rows, mokBf16 *d_x, cudaStream_t st) {
-  struct mok_gpu_layer *g = l->gpu;
-  const int H = l->cfg.hidden, Is = l->cfg.shared_inter, k = l->cfg.topk;
-  if (!T) return;
-  if (Is && g->fwd_shared_in) /* (8 columns a thread: H % 256 == 0 here) */
-    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, (const uint4 *)rows, g->d_route_row, NULL,
-                                                   T, k, H / 8, g->d_bad, (uint4 *)d_x);
-  else
-    k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, rows, g->d_route_row, NULL, T, k, H, g->d_bad,
-                                                      d_x);
-}
-
-/* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
- * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
- * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
- * expert, and d_x combined from the padded dX partials through each route's row.
- * The shared expert: where the forward ran it as tiles of its launch, on mok's four GEMMs
- * too (a one-expert problem over the tokens, mok_gemm_shared_backward; its dX rows bf16);
- * else cuBLAS (shared_backward, dX fp32) — then the routed part is mokImplNccl's backward on
- * the same rows, and every result bitwise its.
- * No host wait where the shared expert ran in the launch or there is none: every kernel
- * reads the schedule's refusal flag (d_bad) at its start and writes nothing when it is set.
- * With the shared expert on cuBLAS the caller first checks the flag on the host
- * (mega_backward_check). */
-static mokResult_t mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
-                                 const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int H = c->hidden, Is = c->shared_inter, k = c->topk;
-  const int T = in->num_tokens;
-  const int64_t routes = (int64_t)T * k;
-  prof_mark(g, "start", st);
-  if (routes)
-    k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->d_bad,
-                                                            g->yp, gr->d_topk_w);
-  prof_mark(g, "dtopk+dy", st);
-  mokBf16 *dxb = (mokBf16 *)g->f32;
-  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
-  mega_combine_dx(l, T, dxb, gr->d_x, st);
-  CUDA_CHECK(l, cudaGetLastError());
-  prof_mark(g, "shared+combine", st);
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
-  prof_report(g, "bwd", rank);
-  return mokSuccess;
-}
-
-/* mokImplMega's backward at N > 1 (stage A; the window as in mega_ep_forward): d_out and
- * topk_w where the expert ranks read them (the dropped routes' d_topk_w zeroed here, the
- * routed ones written by the expert ranks), a barrier; on every expert rank d_topk_w and dY
- * from its rows' sources (mok_ep_dtopk_dy_launch: k_dtopk_dy's arithmetic), the four GEMMs
- * and the shared expert as at N = 1, the dX rows pushed to their sources' COMB; a barrier;
- * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait of its
- * own (mokLayerBackward's exchange of refusals before it waits, at N > 1). */
-static mokResult_t mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
-                                    const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
-  const mokConfig_t *c = &l->cfg;
-  struct mok_gpu_layer *g = l->gpu;
-  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, Is = c->shared_inter, k = c->topk;
-  const int T = in->num_tokens, Tm = c->max_tokens;
-  const int64_t routes = (int64_t)T * k;
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
-  size_t off[MOK_EP_NUM];
-  char *base[MOK_COMM_MAX_RANKS];
-  MOK_CHECK(ep_window_bases(l, off, base));
-  char *me = base[rank];
-  prof_mark(g, "start", st);
-  if (T) {
-    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], dout, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
-    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
-    MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[MOK_EP_DW]), st));
-  }
-  MOK_CHECK(ep_barrier(l, st));
-  mokEpPull_t p;
-  memset(&p, 0, sizeof p);
-  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
-  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
-  for (int q = 0; q < N; q++) {
-    p.d_out[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]), p.topk_w[q] = (const float *)(base[q] + off[MOK_EP_W]);
-    p.d_topk_w[q] = (float *)(base[q] + off[MOK_EP_DW]);
-  }
-  MOK_CHECK(mok_ep_dtopk_dy_launch(&p, st));
-  prof_mark(g, "dtopk+dy", st);
-  mokBf16 *dxb = (mokBf16 *)g->f32;
-  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
-  mokEpPush_t q;
-  memset(&q, 0, sizeof q);
-  q.num_ranks = N, q.t_max = Tm, q.topk = k, q.hidden = H, q.max_rows = g->cap;
-  q.row_route = g->d_row_tok, q.rows = g->d_seg + 2 * El, q.flag = g->d_bad, q.y = dxb;
-  for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[MOK_EP_COMB]);
-  MOK_CHECK(mok_ep_push_launch(&q, st));
-  MOK_CHECK(ep_barrier(l, st));
-  prof_mark(g, "push", st);
-  mega_combine_dx(l, T, (const mokBf16 *)(me + off[MOK_EP_COMB]), gr->d_x, st);
-  if (T) CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[MOK_EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
-  CUDA_CHECK(l, cudaGetLastError());
-  prof_mark(g, "shared+combine", st);
-  prof_report(g, "bwd", rank);
+  mok_lg_prof_mark(g, "dX", st);
+  MOK_CHECK(mok_gemm_wgrad_down(&grows, H, I, g->yp, g->act, mok_lg_wgrad_dtype(l, gr), gr->d_w_down, st));
+  mok_lg_prof_mark(g, "dWdown", st);
+  MOK_CHECK(mok_gemm_wgrad_gateup(&grows, H, I, g->dgu, g->xg, mok_lg_wgrad_dtype(l, gr), gr->d_w_gate, gr->d_w_up, st));
+  mok_lg_prof_mark(g, "dWgateup", st);
   return mokSuccess;
 }
 
@@ -1546,7 +996,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
   cublasHandle_t cb = g->cublas;
   CUBLAS_CHECK(l, cublasSetStream(cb, st));
 
-  prof_mark(g, "start", st);
+  mok_lg_prof_mark(g, "start", st);
   if (routes) {
     k_dtopk<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, g->yret, g->d_pos, routes, k, H, gr->d_topk_w);
     k_dy_rows<<<grid_for(routes, 1), 256, 0, st>>>(dout, in->topk_w, g->d_pos, routes, k, H, g->send);
@@ -1555,14 +1005,14 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
                             2 * (size_t)H, st));
   if (rows) k_gather_rows<<<grid_for(rows, 1), 128, 0, st>>>((const uint4 *)g->recv, g->d_map, rows, H / 8,
                                                              (uint4 *)g->yp);
-  prof_mark(g, "dtopk+dy+a2a+gather", st);
+  mok_lg_prof_mark(g, "dtopk+dy+a2a+gather", st);
   if (g->fwd_impl == mokImplNccl) { /* mok's GEMMs */
     mokBf16 *dxb = (mokBf16 *)g->f32;
-    MOK_CHECK(mok_expert_backward(l, w, gr, dxb, NULL, st));
+    MOK_CHECK(mok_lg_expert_backward(l, w, gr, dxb, NULL, st));
     if (rows) k_scatter_rows<uint16_t><<<grid_for(rows, 1), 256, 0, st>>>(dxb, g->d_map, rows, H, g->recv);
   } else {
     MOK_CHECK(expert_gemm(l, G_DA, w, gr, st));
-    prof_mark(g, "dA", st);
+    mok_lg_prof_mark(g, "dA", st);
     if (rows) k_swiglu_bwd<<<grid_for(rows * I, 256), 256, 0, st>>>(g->f32, g->gu, rows, I, L, g->dgu);
     for (int e = 0; e < El && !gr->accumulate; e++) { /* overwritten: an expert with no rows gets zeros */
       if (g->seg_cnt[e]) continue;
@@ -1570,29 +1020,29 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
       MOK_CHECK(zero_grad(l, (char *)gr->d_w_up + gsz * (size_t)e * I * H, (int64_t)I * H, st));
       MOK_CHECK(zero_grad(l, (char *)gr->d_w_down + gsz * (size_t)e * H * I, (int64_t)H * I, st));
     }
-    prof_mark(g, "swiglu'", st);
+    mok_lg_prof_mark(g, "swiglu'", st);
     MOK_CHECK(expert_gemm(l, G_DXG, w, gr, st));
     MOK_CHECK(expert_gemm(l, G_DXU, w, gr, st));
-    prof_mark(g, "dX", st);
+    mok_lg_prof_mark(g, "dX", st);
     MOK_CHECK(expert_gemm(l, G_DWD, w, gr, st));
-    prof_mark(g, "dWdown", st);
+    mok_lg_prof_mark(g, "dWdown", st);
     MOK_CHECK(expert_gemm(l, G_DWG, w, gr, st));
     MOK_CHECK(expert_gemm(l, G_DWU, w, gr, st));
-    prof_mark(g, "dWgateup", st);
+    mok_lg_prof_mark(g, "dWgateup", st);
     if (rows) k_scatter_rows<float><<<grid_for(rows, 1), 256, 0, st>>>(g->f32, g->d_map, rows, H, g->recv);
   }
   MOK_CHECK(all_to_all_rows(l, nc, g->recv, g->recv_cnt, g->recv_base, g->send, g->send_cnt, g->send_base,
                             2 * (size_t)H, st));
-  prof_mark(g, "scatter+a2a", st);
-  MOK_CHECK(shared_backward(l, in, w, dout, gr, st));
+  mok_lg_prof_mark(g, "scatter+a2a", st);
+  MOK_CHECK(mok_lg_shared_backward(l, in, w, dout, gr, st));
   if (T)
     k_combine<float><<<grid_for(T, 1), 256, 0, st>>>(Is ? g->s_f32 : NULL, g->send, g->d_pos, NULL, T, k, H, NULL,
                                                       gr->d_x);
-  prof_mark(g, "shared+combine", st);
+  mok_lg_prof_mark(g, "shared+combine", st);
   {
     int rank = 0;
     mokCommRankInfo(l->comm, &rank, NULL, NULL);
-    prof_report(g, "bwd", rank);
+    mok_lg_prof_report(g, "bwd", rank);
   }
   CUDA_CHECK(l, cudaGetLastError());
   return mokSuccess;
@@ -1603,7 +1053,7 @@ static mokResult_t baseline_backward(mokLayer_t l, const mokRankInput_t *in, con
  * [IN] bad: this rank refuses  [OUT] *first_bad: the lowest rank that refused, or -1.
  * The NCCL paths' forward folds this flag into its routing-count exchange; the backward,
  * and mokImplMega's forward at N > 1, call this. */
-static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st) {
+mokResult_t mok_lg_exchange_refusals(mokLayer_t l, int bad, int *first_bad, cudaStream_t st) {
   struct mok_gpu_layer *g = l->gpu;
   const int N = l->cfg.num_ranks;
   g->h_flags[0] = bad; /* (arrays of its own: the forward's counts stay readable) */
@@ -1630,12 +1080,12 @@ static mokResult_t exchange_refusals(mokLayer_t l, int bad, int *first_bad, cuda
  * message): every rank learns whether all got through. Returns rc with its message kept,
  * else `status` naming the lowest rank that failed ("rank r <what>; nothing was written"),
  * else mokSuccess. */
-static mokResult_t agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
+mokResult_t mok_lg_agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, const char *fn, const char *what,
                               cudaStream_t st) {
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
   int first_bad = -1;
-  const mokResult_t xr = exchange_refusals(l, rc != mokSuccess, &first_bad, st);
+  const mokResult_t xr = mok_lg_exchange_refusals(l, rc != mokSuccess, &first_bad, st);
   if (rc != mokSuccess) return mok_error(l, rc, "%s", msg);
   if (xr != mokSuccess) return xr;
   if (first_bad >= 0) return mok_error(l, status, "%s: rank %d %s; nothing was written", fn, first_bad, what);
@@ -1698,15 +1148,15 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (l && l->gpu && l->cfg.num_ranks > 1 && resolve_impl(l, impl) == mokImplMega) {
     /* (stage A: every rank says first whether it refused, so none waits at a barrier) */
     l->gpu->fwd_valid = 0;
-    rc = agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
+    rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
     if (rc == mokSuccess) {
       l->gpu->fwd_impl = mokImplMega;
-      rc = mega_ep_forward(l, in, w, out, st);
+      rc = mok_lg_mega_ep_forward(l, in, w, out, st);
       pass_done(l, st);
     }
   } else if (rc == mokSuccess) {
     l->gpu->fwd_impl = resolve_impl(l, impl);
-    rc = l->gpu->fwd_impl == mokImplMega ? mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
+    rc = l->gpu->fwd_impl == mokImplMega ? mok_lg_mega_forward(l, in, w, out, st) : baseline_forward(l, in, w, out, st);
     pass_done(l, st);
   }
   else if (l && l->gpu) rc = refuse_forward(l, rc, st); /* the peers must not wait for us */
@@ -1745,20 +1195,20 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (rc == mokSuccess) rc = check_dev_ptr(l, fn, gr->d_s_down, "grads->d_s_down", Is > 0);
   if (rc == mokSuccess) { /* (the forward reserved this scratch: nothing grows here) */
     const pass_shape fs = fwd_shape(l);
-    rc = pass_buffers(l, &fs, 1, st, fn);
+    rc = mok_lg_pass_buffers(l, &fs, 1, st, fn);
   }
   if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
     /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
-    rc = agree_step(l, rc, mokInvalidArgument, fn, "refused its backward input", st);
+    rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its backward input", st);
   }
   /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
-   * the shared expert (it cannot read the flag); else every kernel reads it (mega_backward) */
+   * the shared expert (it cannot read the flag); else every kernel reads it (mok_lg_mega_backward) */
   if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1 && Is && T && !l->gpu->fwd_shared_in)
-    rc = mega_backward_check(l, st);
+    rc = mok_lg_mega_backward_check(l, st);
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl != mokImplMega ? baseline_backward(l, in, w, d_out, gr, st)
-         : l->cfg.num_ranks > 1     ? mega_ep_backward(l, in, w, d_out, gr, st)
-                                    : mega_backward(l, in, w, d_out, gr, st);
+         : l->cfg.num_ranks > 1     ? mok_lg_mega_ep_backward(l, in, w, d_out, gr, st)
+                                    : mok_lg_mega_backward(l, in, w, d_out, gr, st);
   /* mokImplMega's backward writes dY over the forward's y rows (d_topk_w reads them first):
    * another backward needs the forward again */
   if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega) l->gpu->fwd_valid = 0;

@@ -1,0 +1,488 @@
+/*
+ * layer_mega.cu — mokImplMega, the layer's megakernel path (docs/MEGAKERNEL.md).
+ *
+ * One GPU (mok_lg_mega_forward / _backward): the schedule on the device (schedule_dev.cu),
+ * the forward megakernel (dispatch, the shared expert's tiles, gate+up with SwiGLU, down; one
+ * persistent launch, gemm/ffn_fwd.cuh), the combine; the backward in the forward's padded
+ * layout on mok's GEMMs. No host wait where the shared expert runs in the launch.
+ *
+ * N > 1, stage A (mok_lg_mega_ep_forward / _backward): each rank's send order in the
+ * communicator's symmetric window, the expert rank's schedule composed from every source's
+ * (schedule_dev.h), one host read of the rows received, the megakernel reading each row from
+ * its source's window, the rows pushed back to their sources' combine slots (ep_dev.h). The
+ * host orchestration of the NCCL paths and the public entry points are in baseline.cu.
+ */
+#include <cuda_runtime.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "bf16.h"
+#include "comm.h"
+#include "ep_dev.h"
+#include "layer_gpu.h"
+#include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
+#include "schedule_dev.h"
+
+/* ---- kernels -------------------------------------------------------------------------- */
+/* mokImplMega's combine: out[t] = bf16(base[t] + sum_j w[t,j] * y[row[t,j]]) straight
+ * from the padded y (row: the route's row, -1 = empty slot), 8 columns a thread; the
+ * same operations in the same order as k_combine (so bitwise its result; w NULL = 1, and
+ * 1.0f * v is v). The backward's d_x: base the shared dX rows, y the dX partials, w NULL.
+ * Nothing when *bad (the device schedule refused the routes). */
+__global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__restrict__ y,
+                               const int32_t *__restrict__ row, const float *__restrict__ w, int T, int k, int row_u4,
+                               const int32_t *bad, uint4 *__restrict__ out) {
+  if (*(const volatile int32_t *)bad) return; /* the schedule refused the routes: out stays as it was */
+  for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
+    for (int u = threadIdx.x; u < row_u4; u += blockDim.x) {
+      float acc[8];
+      if (base) {
+        const uint4 b = base[t * row_u4 + u];
+        const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
+        for (int q = 0; q < 4; q++)
+          acc[2 * q] = mok_bf16_to_f32((uint16_t)(bw[q] & 0xffffu)), acc[2 * q + 1] = mok_bf16_to_f32((uint16_t)(bw[q] >> 16));
+      } else {
+        for (int q = 0; q < 8; q++) acc[q] = 0.f;
+      }
+      for (int j = 0; j < k; j++) {
+        const int32_t r = row[t * k + j];
+        if (r < 0) continue;
+        const float wt = w ? w[t * k + j] : 1.f;
+        const uint4 v = y[(int64_t)r * row_u4 + u];
+        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
+        for (int q = 0; q < 4; q++) {
+          acc[2 * q] += wt * mok_bf16_to_f32((uint16_t)(vw[q] & 0xffffu));
+          acc[2 * q + 1] += wt * mok_bf16_to_f32((uint16_t)(vw[q] >> 16));
+        }
+      }
+      uint32_t ow[4];
+      for (int q = 0; q < 4; q++)
+        ow[q] = (uint32_t)mok_f32_to_bf16(acc[2 * q]) | (uint32_t)mok_f32_to_bf16(acc[2 * q + 1]) << 16;
+      out[t * row_u4 + u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+    }
+}
+
+/* mokImplMega's backward, one pass over the routed rows: d_topk_w[q] = <d_out[t], y[row[q]]>
+ * (k_dtopk's sums, in its order), then the same row becomes dY: bf16(w[q] * d_out[t])
+ * (k_dy_rows' values). One warp a route; each lane reads its y elements before it
+ * overwrites them. Nothing when *bad (the device refused the forward). */
+__global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__restrict__ w,
+                           const int32_t *__restrict__ row, int64_t routes, int k, int H, const int32_t *bad,
+                           uint16_t *__restrict__ rows, float *__restrict__ dw) {
+  if (*(const volatile int32_t *)bad) return;
+  int lane = threadIdx.x & 31;
+  for (int64_t q = (blockIdx.x * (int64_t)blockDim.x + threadIdx.x) >> 5; q < routes;
+       q += ((int64_t)gridDim.x * blockDim.x) >> 5) {
+    const int32_t r = row[q];
+    const float s = r >= 0 ? mok_dtopk_dy_row(dout + (q / k) * H, rows + (int64_t)r * H, w[q], H, lane) : 0.f;
+    if (lane == 0) dw[q] = s;
+  }
+}
+
+/* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
+ * in tests: each rank's launch must have all its CTAs resident beside the others'). */
+static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int share = mok_comm_device_share(l->comm);
+  *ctas = 0, *comm_ctas = g->mega_comm_ctas;
+  if (share > 1) {
+    int sms = 0;
+    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
+    *ctas = sms / share;
+    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
+  }
+}
+
+/* The forward megakernel of a pass: m names where its rows come from (row_tok, or row_route
+ * and x_src); its CTAs, the refusal flag and the shared expert's tiles (where shared_in) are
+ * set here. */
+static mokResult_t mega_launch(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, int shared_in,
+                               const mokGemmRows_t *rows, mokFfnMega_t *m, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int T = in->num_tokens;
+  m->x = T ? in->x : NULL, m->bad = g->d_bad;
+  mega_ctas(l, &m->ctas, &m->comm_ctas);
+  if (shared_in) {
+    m->s_gate = w->s_gate, m->s_up = w->s_up, m->s_down = w->s_down;
+    m->s_act = g->s_act, m->s_gu = g->s_gu, m->s_y = g->s_y, m->s_seg = g->d_shared_seg, m->tokens = T;
+  }
+  MOK_CHECK(mok_gemm_ffn_mega(rows, c->hidden, c->inter, c->swiglu_limit, g->xg, w->w_gate, w->w_up, w->w_down, g->act,
+                              g->gu, g->yp, m, st));
+  mok_lg_prof_mark(g, "megakernel", st);
+  return mokSuccess;
+}
+
+/* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the forward
+ * megakernel (dispatch, the shared expert's tiles where I_s = I and s_up follows s_gate,
+ * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine
+ * (k_combine_rows; not yet inside the megakernel, see ffn_fwd.cuh). No host wait: a bad
+ * expert id is found on the device (the schedule records it in the communicator's error
+ * word, mokCommGetAsyncError reports it, the megakernel writes nothing, and so does the
+ * backward: see mok_lg_mega_backward). */
+mokResult_t mok_lg_mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  static const char fn[] = "mokLayerForward";
+  const int El = l->local_experts, H = c->hidden, I = c->inter, Is = c->shared_inter, T = in->num_tokens;
+  g->fwd_valid = 0;
+  /* the shared expert as tiles of the launch: its width is the routed experts' and s_up
+   * lies right after s_gate (one 4-D weight box, as the routed experts' [W_gate | W_up]) */
+  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
+  const pass_shape ps = mega_shape(l, T, shared_in);
+  MOK_CHECK(mok_lg_pass_buffers(l, &ps, 0, st, fn));
+  mokGemmRows_t rows;
+  MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &rows));
+  mokLocalSchedule_t s;
+  memset(&s, 0, sizeof s);
+  s.topk_idx = in->topk_idx;
+  s.num_tokens = T, s.topk = c->topk, s.num_experts = El, s.row_pad = c->row_pad;
+  s.expert_count = g->d_seg, s.expert_offset = g->d_seg + El;
+  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_row_tok, s.row_map = g->d_map;
+  s.bad = g->d_bad, s.scratch = g->d_sched_scratch, s.error_word = rows.error_word, s.rank = rows.rank;
+  if (shared_in) s.shared_seg = g->d_shared_seg;
+  g->fwd_shared_in = shared_in;
+  mok_lg_prof_mark(g, "start", st);
+  MOK_CHECK(mok_schedule_local_launch(&s, st));
+  mok_lg_prof_mark(g, "schedule", st);
+  if (!shared_in) MOK_CHECK(mok_lg_shared_forward(l, in, w, st));
+  mok_lg_prof_mark(g, "shared", st);
+  mokFfnMega_t m;
+  memset(&m, 0, sizeof m);
+  m.row_tok = g->d_row_tok;
+  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
+  if (T)
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
+                                                   g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
+                                                   (uint4 *)out);
+  CUDA_CHECK(l, cudaGetLastError());
+  mok_lg_prof_mark(g, "combine", st);
+  mok_lg_prof_report(g, "fwd", rows.rank);
+  g->fwd_valid = 1;
+  g->fwd_tokens = T;
+  return mokSuccess;
+}
+
+/* ---- mokImplMega at N > 1, stage A (docs/MEGAKERNEL.md, "More than one GPU") ----------
+ * What peers read or write lies in the communicator's symmetric workspace, at the same
+ * offsets on every rank (workspace.h, mok_layout_ep_window; the layers of a communicator
+ * share it: nothing in it lives from one pass to the next). COMB: the y (forward) or dX
+ * (backward) row of each of this rank's routes, pushed by the expert rank that ran it (one
+ * writer a slot); X: its tokens (forward) or d_out (backward), read by the expert ranks.
+ * A pass: its inputs into the window, its send order, a cross-rank barrier; the expert
+ * rank's schedule from every source's send order (mok_schedule_ep_launch); the host reads
+ * the rows it received (stage A's one wait: the row buffers are sized by them), the
+ * forward megakernel reads each row from its source's X; the rows pushed back to COMB,
+ * a barrier, the combine from the local COMB. Stage B (the ring) removes the host wait. */
+/* The window (grown where it is smaller: collective, every rank asks the same size) and
+ * rank p's pointer to offset off of rank q's window, in base[q]. */
+static mokResult_t ep_window_bases(mokLayer_t l, size_t off[MOK_EP_NUM], char **base) {
+  const size_t need = mok_layout_ep_window(&l->cfg, off);
+  size_t have = 0;
+  MOK_CHECK(mokCommWorkspaceSize(l->comm, &have));
+  if (have < need) MOK_CHECK(mokCommReserveWorkspace(l->comm, need));
+  mokCommDev cd;
+  MOK_CHECK(mok_comm_device_view(l->comm, &cd));
+  for (int q = 0; q < l->cfg.num_ranks; q++) base[q] = cd.peer_base[q] + MOK_COMM_CTRL_BYTES;
+  return mokSuccess;
+}
+
+/* A cross-rank barrier on st (one CTA; bounded: a missing peer becomes mokTimeout). */
+static mokResult_t ep_barrier(mokLayer_t l, cudaStream_t st) {
+  return mok_comm_launch_barriers(l->comm, 1, 32, 1, 0, 0, st);
+}
+
+/* The rows buffers of a mokImplMega forward at N > 1 that received `rows` padded rows. */
+static pass_shape mega_ep_shape(mokLayer_t l, int T, int shared_in, int64_t rows) {
+  return mok_shape_mega_rows(&l->cfg, T, shared_in, rows);
+}
+
+/* Orders this pass after the last users of the layer's saved block and the communicator's
+ * scratch block on other streams (mok_lg_pass_buffers does too, but mokImplMega at N > 1 writes the
+ * window and the layer's index arrays before it: peers' kernels of the last pass on this
+ * communicator, or this layer's backward, may still read them). */
+static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const char *fn) {
+  MOK_CHECK(mok_devbuf_reserve(l, &l->gpu->saved, 0, st, fn, "layer's saved rows"));
+  return mok_devbuf_reserve(l, mok_comm_scratch(l->comm), 0, st, fn, "communicator's scratch rows");
+}
+
+/* Steps 1 and 2 of mok_lg_mega_ep_forward, up to the host read (into g->h_cnt: rows received,
+ * the EP schedule's flag, this rank's own refusal flag). */
+static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
+                                       int rank, cudaStream_t st, const char *fn) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, k = c->topk;
+  const int T = in->num_tokens;
+  char *me = base[rank];
+  MOK_CHECK(order_after_last_pass(l, st, fn));
+  /* 1. this rank's tokens and send order where the expert ranks read them; a bad id sets
+   * only BAD (no error word: the communicator stays usable, every rank refuses below) */
+  if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+  mokLocalSchedule_t s;
+  memset(&s, 0, sizeof s);
+  s.topk_idx = in->topk_idx;
+  s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
+  s.expert_count = (int32_t *)(me + off[MOK_EP_CNT]), s.expert_offset = (int32_t *)(me + off[MOK_EP_OFF]);
+  s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
+  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.error_word = NULL, s.rank = rank;
+  MOK_CHECK(mok_schedule_local_launch(&s, st));
+  MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
+  MOK_CHECK(ep_barrier(l, st));
+  /* 2. this rank's rows from every source's send order */
+  mokEpSchedule_t es;
+  memset(&es, 0, sizeof es);
+  es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = c->max_tokens;
+  es.topk = k;
+  for (int q = 0; q < N; q++) {
+    es.count[q] = (const int32_t *)(base[q] + off[MOK_EP_CNT]);
+    es.off[q] = (const int32_t *)(base[q] + off[MOK_EP_OFF]);
+    es.order[q] = (const int32_t *)(base[q] + off[MOK_EP_ORD]);
+    es.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
+  }
+  es.capacity = l->sched_capacity;
+  es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
+  es.row_route = g->d_row_tok, es.flag = g->d_bad;
+  MOK_CHECK(mok_schedule_ep_launch(&es, st));
+  mok_lg_prof_mark(g, "schedule", st);
+  /* stage A's host wait: the rows received size the row buffers */
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_seg + 2 * El, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 1, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 2, me + off[MOK_EP_BAD], sizeof(int32_t), cudaMemcpyDeviceToHost, st));
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  return mokSuccess;
+}
+
+/* The forward's refusal of a bad expert id (every rank sees the EP schedule's flag): this
+ * rank names its first bad route (topk_idx read back: an error path). */
+static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int rank, cudaStream_t st, const char *fn) {
+  const int E = l->cfg.num_experts, k = l->cfg.topk;
+  const int64_t routes = (int64_t)in->num_tokens * k;
+  if (l->gpu->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
+    return mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity "
+                     "%lld; nothing was written", fn, rank, (long long)l->sched_capacity);
+  int first_bad = -1; /* (which rank: every rank takes part, as every rank saw the flag) */
+  MOK_CHECK(mok_lg_exchange_refusals(l, l->gpu->h_cnt[2] != 0, &first_bad, st));
+  if (!l->gpu->h_cnt[2])
+    return mok_error(l, mokInvalidArgument, "%s: rank %d's topk_idx held an expert id outside [-1, %d) (its "
+                     "mokGetLastError says where); nothing was written", fn, first_bad, E);
+  if (routes && cudaMemcpy(l->gpu->h_idx, in->topk_idx, 4 * (size_t)routes, cudaMemcpyDeviceToHost) == cudaSuccess)
+    for (int64_t q = 0; q < routes; q++)
+      if (l->gpu->h_idx[q] < -1 || l->gpu->h_idx[q] >= E)
+        return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, "
+                         "%d) or -1; nothing was written", fn, rank, (long long)(q / k), (long long)(q % k),
+                         (int)l->gpu->h_idx[q], E);
+  cudaGetLastError();
+  return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx held an expert id outside [-1, %d); nothing was "
+                   "written", fn, rank, E);
+}
+
+mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                   cudaStream_t st) {
+  static const char fn[] = "mokLayerForward";
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, I = c->inter;
+  const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  g->fwd_valid = 0;
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  mok_lg_prof_mark(g, "start", st);
+  /* Steps 1-3 end in an exchange of whether each rank got through them, so that a rank that
+   * fails in one never leaves its peers waiting in a host collective (a failed barrier launch
+   * still makes theirs time out: the communicator then reports it). */
+  mokResult_t ar = ep_window_bases(l, off, base);
+  if (ar == mokSuccess) ar = ep_forward_schedule(l, in, off, base, rank, st, fn);
+  const int refused = ar == mokSuccess && g->h_cnt[1];
+  const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
+  if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
+    const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
+    ar = mok_lg_pass_buffers(l, &ps, 0, st, fn);
+  }
+  MOK_CHECK(mok_lg_agree_step(l, ar, mokInvalidArgument, fn, "failed in this forward's schedule or row buffers (its "
+                       "mokGetLastError says why)", st));
+  if (refused) return ep_refuse_ids(l, in, rank, st, fn);
+  char *me = base[rank];
+  mokGemmRows_t rows;
+  MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &rows));
+  /* 4. the shared expert (in the launch or on cuBLAS) and the megakernel, rows read from their sources */
+  if (shared_in) {
+    int32_t seg[3] = {T, 0, (T + c->row_pad - 1) / c->row_pad * c->row_pad};
+    CUDA_CHECK(l, cudaMemcpyAsync(g->d_shared_seg, seg, sizeof seg, cudaMemcpyHostToDevice, st));
+  } else {
+    MOK_CHECK(mok_lg_shared_forward(l, in, w, st));
+  }
+  g->fwd_shared_in = shared_in;
+  const mokBf16 *xsrc[MOK_COMM_MAX_RANKS];
+  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]);
+  CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
+  mokFfnMega_t m;
+  memset(&m, 0, sizeof m);
+  m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
+  MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
+  /* 5. every y row to its source's COMB slot; the slot map of this rank's routes */
+  mokEpPush_t p;
+  memset(&p, 0, sizeof p);
+  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
+  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
+  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[MOK_EP_COMB]);
+  MOK_CHECK(mok_ep_push_launch(&p, st));
+  if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
+  MOK_CHECK(ep_barrier(l, st));
+  mok_lg_prof_mark(g, "push", st);
+  /* 6. the combine from this rank's COMB */
+  if (T)
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL,
+                                                   (const uint4 *)(me + off[MOK_EP_COMB]), g->d_route_row,
+                                                   in->topk_w, T, k, H / 8, g->d_bad, (uint4 *)out);
+  CUDA_CHECK(l, cudaGetLastError());
+  mok_lg_prof_mark(g, "combine", st);
+  mok_lg_prof_report(g, "fwd", rank);
+  g->fwd_valid = 1;
+  g->fwd_tokens = T;
+  return mokSuccess;
+}
+
+/* Before a backward of mokImplMega's forward whose shared expert ran on cuBLAS: a forward
+ * whose routes the device schedule refused is refused here (one 4-byte read, a wait on the
+ * device; the exchange of refusals has been made already). */
+mokResult_t mok_lg_mega_backward_check(mokLayer_t l, cudaStream_t st) {
+  static const char fn[] = "mokLayerBackward";
+  struct mok_gpu_layer *g = l->gpu;
+  CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st)); /* (pinned) */
+  CUDA_CHECK(l, cudaStreamSynchronize(st));
+  if (g->h_cnt[0]) {
+    g->fwd_valid = 0;
+    return mok_error(l, mokInvalidArgument, "%s: the forward's topk_idx held an expert id outside [-1, %d) (found on "
+                     "the device; the forward wrote nothing, mokCommGetAsyncError reports where)", fn,
+                     l->cfg.num_experts);
+  }
+  return mokSuccess;
+}
+
+/* mokImplMega's backward after dY: the four expert GEMMs (the dX rows into dxb) and the
+ * shared expert: on mok's GEMMs where the forward ran it as tiles of its launch (a one-expert
+ * problem over the tokens, mok_gemm_shared_backward; its dX rows bf16 in s_f32), else cuBLAS
+ * (mok_lg_shared_backward, dX fp32). */
+static mokResult_t mega_backward_gemms(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                       const mokBf16 *dout, const mokRankGrads_t *gr, mokBf16 *dxb, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, Is = c->shared_inter, T = in->num_tokens;
+  MOK_CHECK(mok_lg_expert_backward(l, w, gr, dxb, g->d_bad, st));
+  if (!(Is && T && g->fwd_shared_in)) return mok_lg_shared_backward(l, in, w, dout, gr, st);
+  mokGemmRows_t sr;
+  MOK_CHECK(mok_lg_gemm_rows(l, 1, (int64_t)(T + 63) / 64 * 64, g->d_shared_seg, &sr)); /* {T}, {0, T64} */
+  sr.input_rows = T;
+  sr.skip = g->d_bad;
+  return mok_gemm_shared_backward(&sr, H, Is, c->swiglu_limit, dout, in->x, w->s_gate, w->s_up, w->s_down, g->s_gu,
+                                  g->s_act, g->s_dgu, (mokBf16 *)g->s_f32, mok_lg_wgrad_dtype(l, gr), gr->d_s_gate,
+                                  gr->d_s_up, gr->d_s_down, st);
+}
+
+/* d_x = bf16(the shared dX rows + the dX rows of each route): rows[d_route_row[t k + j]]
+ * (the padded rows at N = 1, the COMB slots at N > 1). Nothing when the forward was refused. */
+static void mega_combine_dx(mokLayer_t l, int T, const mokBf16 *rows, mokBf16 *d_x, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = l->cfg.hidden, Is = l->cfg.shared_inter, k = l->cfg.topk;
+  if (!T) return;
+  if (Is && g->fwd_shared_in) /* (8 columns a thread: H % 256 == 0 here) */
+    k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>((const uint4 *)g->s_f32, (const uint4 *)rows, g->d_route_row, NULL,
+                                                   T, k, H / 8, g->d_bad, (uint4 *)d_x);
+  else
+    mok_lg_combine_f32(Is ? g->s_f32 : NULL, rows, g->d_route_row, T, k, H, g->d_bad, d_x, st);
+}
+
+/* mokImplMega's backward, one GPU: every row stays in the forward's padded layout (no
+ * all-to-all, gather or scatter): d_topk_w from y in its rows, dY written straight into
+ * them (their padding rows are zero since the forward), mok's four GEMMs, the shared
+ * expert, and d_x combined from the padded dX partials through each route's row.
+ * The shared expert: where the forward ran it as tiles of its launch, on mok's four GEMMs
+ * too (a one-expert problem over the tokens, mok_gemm_shared_backward; its dX rows bf16);
+ * else cuBLAS (mok_lg_shared_backward, dX fp32) — then the routed part is mokImplNccl's backward on
+ * the same rows, and every result bitwise its.
+ * No host wait where the shared expert ran in the launch or there is none: every kernel
+ * reads the schedule's refusal flag (d_bad) at its start and writes nothing when it is set.
+ * With the shared expert on cuBLAS the caller first checks the flag on the host
+ * (mok_lg_mega_backward_check). */
+mokResult_t mok_lg_mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                 const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int H = c->hidden, Is = c->shared_inter, k = c->topk;
+  const int T = in->num_tokens;
+  const int64_t routes = (int64_t)T * k;
+  mok_lg_prof_mark(g, "start", st);
+  if (routes)
+    k_dtopk_dy<<<grid_for(routes * 32, 256), 256, 0, st>>>(dout, in->topk_w, g->d_route_row, routes, k, H, g->d_bad,
+                                                            g->yp, gr->d_topk_w);
+  mok_lg_prof_mark(g, "dtopk+dy", st);
+  mokBf16 *dxb = (mokBf16 *)g->f32;
+  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
+  mega_combine_dx(l, T, dxb, gr->d_x, st);
+  CUDA_CHECK(l, cudaGetLastError());
+  mok_lg_prof_mark(g, "shared+combine", st);
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  mok_lg_prof_report(g, "bwd", rank);
+  return mokSuccess;
+}
+
+/* mokImplMega's backward at N > 1 (stage A; the window as in mok_lg_mega_ep_forward): d_out and
+ * topk_w where the expert ranks read them (the dropped routes' d_topk_w zeroed here, the
+ * routed ones written by the expert ranks), a barrier; on every expert rank d_topk_w and dY
+ * from its rows' sources (mok_ep_dtopk_dy_launch: k_dtopk_dy's arithmetic), the four GEMMs
+ * and the shared expert as at N = 1, the dX rows pushed to their sources' COMB; a barrier;
+ * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait of its
+ * own (mokLayerBackward's exchange of refusals before it waits, at N > 1). */
+mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                    const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
+  const mokConfig_t *c = &l->cfg;
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, Is = c->shared_inter, k = c->topk;
+  const int T = in->num_tokens, Tm = c->max_tokens;
+  const int64_t routes = (int64_t)T * k;
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  MOK_CHECK(ep_window_bases(l, off, base));
+  char *me = base[rank];
+  mok_lg_prof_mark(g, "start", st);
+  if (T) {
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], dout, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
+    CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+    MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[MOK_EP_DW]), st));
+  }
+  MOK_CHECK(ep_barrier(l, st));
+  mokEpPull_t p;
+  memset(&p, 0, sizeof p);
+  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
+  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
+  for (int q = 0; q < N; q++) {
+    p.d_out[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]), p.topk_w[q] = (const float *)(base[q] + off[MOK_EP_W]);
+    p.d_topk_w[q] = (float *)(base[q] + off[MOK_EP_DW]);
+  }
+  MOK_CHECK(mok_ep_dtopk_dy_launch(&p, st));
+  mok_lg_prof_mark(g, "dtopk+dy", st);
+  mokBf16 *dxb = (mokBf16 *)g->f32;
+  MOK_CHECK(mega_backward_gemms(l, in, w, dout, gr, dxb, st));
+  mokEpPush_t q;
+  memset(&q, 0, sizeof q);
+  q.num_ranks = N, q.t_max = Tm, q.topk = k, q.hidden = H, q.max_rows = g->cap;
+  q.row_route = g->d_row_tok, q.rows = g->d_seg + 2 * El, q.flag = g->d_bad, q.y = dxb;
+  for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[MOK_EP_COMB]);
+  MOK_CHECK(mok_ep_push_launch(&q, st));
+  MOK_CHECK(ep_barrier(l, st));
+  mok_lg_prof_mark(g, "push", st);
+  mega_combine_dx(l, T, (const mokBf16 *)(me + off[MOK_EP_COMB]), gr->d_x, st);
+  if (T)
+    CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[MOK_EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+  CUDA_CHECK(l, cudaGetLastError());
+  mok_lg_prof_mark(g, "shared+combine", st);
+  mok_lg_prof_report(g, "bwd", rank);
+  return mokSuccess;
+}
