@@ -99,3 +99,29 @@ MOK_TEST(workspace_layouts_fit_every_path) {
     CHECK(mok_scratch_need(&v, &p) == most);
   }
 }
+
+/* mokImplMega's window at N > 1 (mok_layout_ep_window): every region 256-byte aligned, in
+ * order, each at least its bytes (CNT [E], OFF [E + 1], BAD, ORD [T_max k] int32; X
+ * [T_max, H] bf16; W, DW [T_max k] f32; COMB [T_max k, H] bf16), the total past the last;
+ * and mok_shape_mega_rows keeps at least row_pad rows. */
+MOK_TEST(workspace_ep_window_layout) {
+  rng_t r = {test_seed() ^ 0xe9};
+  for (int it = 0; it < 200 && !t->failed; it++) {
+    mokConfig_t c = MOK_CONFIG_INITIALIZER;
+    c.num_experts = 1 + rng_int(&r, 512), c.hidden = 64 * (1 + rng_int(&r, 128)), c.topk = 1 + rng_int(&r, 16);
+    c.max_tokens = rng_int(&r, 20000), c.row_pad = 64;
+    size_t off[MOK_EP_NUM];
+    const size_t total = mok_layout_ep_window(&c, off);
+    CHECK(total == mok_layout_ep_window(&c, NULL));
+    const size_t Q = (size_t)c.max_tokens * c.topk, H = (size_t)c.hidden, E = (size_t)c.num_experts;
+    const size_t need[MOK_EP_NUM] = {4 * E, 4 * (E + 1), 4, 4 * Q, 2 * (size_t)c.max_tokens * H, 4 * Q, 4 * Q, 2 * Q * H};
+    for (int i = 0; i < MOK_EP_NUM; i++) {
+      const size_t end = i + 1 < MOK_EP_NUM ? off[i + 1] : total;
+      CHECK_MSG(off[i] % 256 == 0 && end >= off[i] + need[i], "E %d H %d k %d T %d: region %d at %zu..%zu needs %zu",
+                c.num_experts, c.hidden, c.topk, c.max_tokens, i, off[i], end, need[i]);
+    }
+    CHECK(off[0] == 0);
+    const mok_pass_shape p = mok_shape_mega_rows(&c, c.max_tokens, 0, rng_int(&r, 3) ? rng_int(&r, 100000) : 0);
+    CHECK(p.rows >= c.row_pad && p.impl == mokImplMega && p.tokens == c.max_tokens);
+  }
+}
