@@ -679,7 +679,7 @@ def moe_under_torch_compile():
     m.comm.close()
 
 
-def _two_rank_worker(rank, n, tmp, seed):
+def _two_rank_worker(rank, n, tmp, seed, impl):
     import torch
     import torch.distributed as dist
     torch.cuda.set_device(rank)
@@ -697,7 +697,7 @@ def _two_rank_worker(rank, n, tmp, seed):
             data.append((torch.randn((T[r], H), generator=gen).to(torch.bfloat16), idx, w,
                          torch.randn((T[r], H), generator=gen).to(torch.bfloat16)))
         comm = mok.comm_from_process_group(device=rank)
-        m = mok.MoE(max_tokens=128, comm=comm, **SMALL)
+        m = mok.MoE(max_tokens=128, comm=comm, impl=impl, **SMALL)
         with torch.no_grad():
             sl = slice(rank * El, (rank + 1) * El)
             m.w_gate_up[0].copy_(W[0][sl]), m.w_gate_up[1].copy_(W[1][sl]), m.w_down.copy_(W[2][sl])
@@ -723,7 +723,7 @@ def _two_rank_worker(rank, n, tmp, seed):
                  ("d_s_up", m.s_gate_up.grad[1], sl_[1].grad), ("d_s_down", m.s_down.grad, sl_[2].grad)]
         for name, got, want in pairs:
             e = rel_l2(got, want)
-            assert e < 1e-2, "rank %d of %d: %s rel L2 %.3g >= 1e-2" % (rank, n, name, e)
+            assert e < 1e-2, "impl %s, rank %d of %d: %s rel L2 %.3g >= 1e-2" % (impl, rank, n, name, e)
         m.layer.close()
         comm.close()
     finally:
@@ -734,14 +734,15 @@ def _two_rank_worker(rank, n, tmp, seed):
 def moe_two_processes():
     """A process per GPU (as torchrun runs them): the comm over a torch.distributed group, each
     rank's local experts, uneven token counts; every rank's output and gradients against the
-    reference over all ranks' tokens."""
+    reference over all ranks' tokens; with impl "auto" and, on sm_90, "mega" (stage A at N > 1)."""
     torch = torch_gpu()
     n = min(torch.cuda.device_count(), 4)
     if n < 2:
         raise Skip("needs 2 GPUs, %d visible" % torch.cuda.device_count())
     import torch.multiprocessing as tmp_mp
-    with tempfile.TemporaryDirectory() as tmp:
-        tmp_mp.spawn(_two_rank_worker, args=(n, tmp, SEED), nprocs=n, join=True)
+    for impl in ("auto", "mega") if mega_ok(torch) else ("auto",):
+        with tempfile.TemporaryDirectory() as tmp:
+            tmp_mp.spawn(_two_rank_worker, args=(n, tmp, SEED, impl), nprocs=n, join=True)
 
 
 def main(argv):
