@@ -16,11 +16,13 @@
 #include "workspace.h"
 
 #include <cuda_runtime.h>
+#include <errno.h>
 #include <nccl.h>
 #include <nccl_device.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdio.h>
+#include <time.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -68,6 +70,8 @@ struct loopback {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int arrived, aborted; // under mu
+  int timed_out;        // aborted because a rank did not arrive within wait_s (under mu)
+  int wait_s;           // the most a host barrier waits for the last rank
   unsigned gen;         // barriers completed (under mu)
   void *ptr[MOK_COMM_MAX_RANKS];
   const void *blob[MOK_COMM_MAX_RANKS];
@@ -75,7 +79,9 @@ struct loopback {
   int ok[MOK_COMM_MAX_RANKS];
   int refs; // ranks holding it (__atomic_*); the last to release frees it
 };
-// A barrier of the group's threads; 0 once the group was aborted (then no one waits).
+// A barrier of the group's threads; 0 once the group was aborted (then no one waits). Bounded:
+// a rank that does not arrive within wait_s aborts the group (a hang becomes an error; the
+// comms are then unusable, as after a device timeout: destroy and re-create them).
 static int lb_wait(struct loopback *lb) {
   pthread_mutex_lock(&lb->mu);
   if (!lb->aborted) {
@@ -85,12 +91,23 @@ static int lb_wait(struct loopback *lb) {
       lb->gen++;
       pthread_cond_broadcast(&lb->cv);
     } else {
-      while (g == lb->gen && !lb->aborted) pthread_cond_wait(&lb->cv, &lb->mu);
+      struct timespec dl;
+      clock_gettime(CLOCK_REALTIME, &dl);
+      dl.tv_sec += lb->wait_s;
+      while (g == lb->gen && !lb->aborted)
+        if (pthread_cond_timedwait(&lb->cv, &lb->mu, &dl) == ETIMEDOUT && g == lb->gen) {
+          lb->aborted = lb->timed_out = 1;
+          pthread_cond_broadcast(&lb->cv);
+        }
     }
   }
   const int ok = !lb->aborted;
   pthread_mutex_unlock(&lb->mu);
   return ok;
+}
+// Why the group is unusable, for messages.
+static const char *lb_why(struct loopback *lb) {
+  return lb && lb->timed_out ? " (a rank did not reach a host collective in time: destroy and re-create the comms)" : "";
 }
 static void lb_abort(struct loopback *lb) {
   pthread_mutex_lock(&lb->mu);
@@ -236,7 +253,7 @@ static mokResult_t lb_sym_alloc(mokComm_t c, const char *fn, size_t total, void 
   for (int q = 0; q < lb->n && ok; q++) peers[q] = (char *)lb->ptr[q];
   if (!(ok && lb_wait(lb))) {
     cudaFree(p);
-    return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
   }
   *ptr_out = p;
   return mokSuccess;
@@ -347,7 +364,7 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
     lb->bytes[c->rank] = bytes;
     if (!lb_wait(lb)) {
       free(all_hdr);
-      return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+      return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     }
     for (int r = 1; r < n && st == mokSuccess; r++) st = agree_size(c, fn, what, r, lb->bytes[r], lb->bytes[0]);
     for (int r = 1; r < n && st == mokSuccess; r++)
@@ -392,9 +409,9 @@ extern "C" mokResult_t mok_comm_host_allgather(mokComm_t c, const void *mine, si
   if (c->lb) { // the blobs in place, as agree does
     struct loopback *lb = c->lb;
     lb->blob[c->rank] = mine;
-    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     for (int r = 0; r < n; r++) memcpy((char *)all + (size_t)r * bytes, lb->blob[r], bytes);
-    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted", fn);
+    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     return mokSuccess;
   }
   mokResult_t st = mokSuccess;
@@ -1040,6 +1057,7 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
     return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
   }
   lb->n = nranks;
+  lb->wait_s = 2 + 3 * ((cfg.timeout_ms + 999) / 1000); /* (beyond a device wait's budget) */
   pthread_mutex_init(&lb->mu, NULL);
   pthread_cond_init(&lb->cv, NULL);
   __atomic_store_n(&lb->refs, 1, __ATOMIC_RELAXED); /* this function's, dropped below */

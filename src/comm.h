@@ -129,7 +129,9 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
 /* Tests: nranks ranks of this process on one device, without NCCL ("loopback"): windows
  * are plain allocations of the device, peers' bases the same address space, host
  * collectives meet at a barrier of the ranks' threads (run them with mokLocalRun; destroy
- * with mokLocalCommsDestroy). What needs NCCL refuses them (mokCommGetNccl:
+ * with mokLocalCommsDestroy), bounded: a rank that does not arrive within 2 + 3 x the
+ * timeout's seconds fails the others' collectives (mokInternalError, saying so) and the
+ * group is then unusable. What needs NCCL refuses them (mokCommGetNccl:
  * mokNotSupported). A cross-rank wait needs every rank's kernel resident at once: launch
  * grids that fit the device together (mok bench stream --two-streams checks a machine),
  * and every kernel a rank launches while another rank's kernel waits for it loaded before

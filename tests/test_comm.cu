@@ -662,6 +662,34 @@ MOK_GPU_TEST(comm_gpu_reserve_workspace, 2) {
 // through peer bases, 10,000 bounded barriers, agreement with its messages) on 2 and 4
 // loopback ranks of one GPU; what needs NCCL is refused. A machine that does not run the
 // ranks' kernels at once fails here by the barriers' timeout (2 s), not by a hang.
+/* A loopback rank that never reaches a host collective: its peer's wait ends (2 + 3 x the
+ * timeout's seconds: 5 s here) with an error naming the cause, instead of hanging; the
+ * comms can still be destroyed. */
+static mokResult_t run_lb_absent(mokComm_t comm, int rank, void *argp) {
+  if (rank == 1) return mokSuccess; /* (never arrives) */
+  const int32_t mine[1] = {rank};
+  int32_t all[2];
+  mokResult_t st = mok_comm_host_allgather(comm, mine, sizeof mine, all);
+  snprintf((char *)argp, MOK_ERRMSG_LEN, "%s", mokGetLastError());
+  return st == mokInternalError ? mokSuccess : mokInternalError;
+}
+
+MOK_GPU_TEST(comm_loopback_absent_rank_times_out, 1) {
+  mokComm_t comms[2];
+  mokCommConfig_t cfg = MOK_COMM_CONFIG_INITIALIZER;
+  cfg.timeout_ms = 1000;
+  CHECK_OK(mok_comm_create_loopback(2, 0, &cfg, comms));
+  if (t->failed) return;
+  char msg[MOK_ERRMSG_LEN] = "";
+  const double t0 = now_s();
+  const mokResult_t st = mokLocalRun(2, comms, run_lb_absent, msg);
+  const double waited = now_s() - t0;
+  CHECK_OK(mokLocalCommsDestroy(2, comms));
+  CHECK_MSG(st == mokSuccess, "the waiting rank did not get mokInternalError: %s", msg);
+  CHECK_MSG(strstr(msg, "did not reach a host collective in time") != NULL, "message: %s", msg);
+  CHECK_MSG(waited > 4.0 && waited < 30.0, "waited %.1f s (want about 5)", waited);
+}
+
 MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
   for (int n = 2; n <= 4 && !t->failed; n += 2) {
     mokComm_t comms[MAX_GPUS];
