@@ -259,9 +259,6 @@ static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, c
 static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int rank, cudaStream_t st, const char *fn) {
   const int E = l->cfg.num_experts, k = l->cfg.topk;
   const int64_t routes = (int64_t)in->num_tokens * k;
-  if (l->gpu->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
-    return mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity "
-                     "%lld; nothing was written", fn, rank, (long long)l->sched_capacity);
   int first_bad = -1; /* (which rank: every rank takes part, as every rank saw the flag) */
   MOK_CHECK(mok_lg_exchange_refusals(l, l->gpu->h_cnt[2] != 0, &first_bad, st));
   if (!l->gpu->h_cnt[2])
@@ -296,7 +293,10 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
    * still makes theirs time out: the communicator then reports it). */
   mokResult_t ar = ep_window_bases(l, off, base);
   if (ar == mokSuccess) ar = ep_forward_schedule(l, in, off, base, rank, st, fn);
-  const int refused = ar == mokSuccess && g->h_cnt[1];
+  if (ar == mokSuccess && g->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
+    ar = mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity %lld",
+                   fn, rank, (long long)l->sched_capacity);
+  const int refused = ar == mokSuccess && g->h_cnt[1] == 1; /* (the same on every rank: any source's BAD) */
   const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
   if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
     const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
