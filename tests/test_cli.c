@@ -327,6 +327,16 @@ MOK_TEST(cli_memory) {
   for (int q = 0; q < 4; q++) CHECK_MSG(fabs(got[q] - b[q] / G) < 0.006, "column %d: %g vs %g GiB", q, got[q], b[q] / G);
   CHECK_MSG(fabs(tot - (60 * b[0] + b[1]) / G) < 0.06, "total %g", tot);
   CHECK(run_cli("memory --help", out, sizeof out) == 0 && strstr(out, "mokLayerReserve"));
+  /* --impl mega at EP8: the same columns as the estimate, the window in the scratch */
+  CHECK_MSG(run_cli("memory --model qwen3.5-397b-a17b --gpus 8 --tokens 8192 --impl mega", out, sizeof out) == 0, "%s",
+            out);
+  line = strstr(out, "\nqwen3.5-397b-a17b");
+  CHECK_MSG(line && sscanf(line + 1, "qwen3.5-397b-a17b %lf %lf %lf %lf", &own, &scr, &own_w, &scr_w) == 4, "%s", out);
+  CHECK_OK(mokConfigSetModel(&c, "qwen3.5-397b-a17b"));
+  c.num_ranks = 8, c.max_tokens = 8192;
+  CHECK_OK(mokLayerMemoryEstimate(&c, mokImplMega, 8192, 0, &b[0], &b[1]));
+  CHECK_MSG(fabs(own - b[0] / G) < 0.006 && fabs(scr - b[1] / G) < 0.006 && scr > 0.6, "mega: %g / %g GiB vs %g / %g",
+            own, scr, b[0] / G, b[1] / G);
   /* --budget: the most tokens a rank whose 61 layers fit in 80 GiB (even routing) */
   CHECK_MSG(run_cli("memory --model glm-5.2 --gpus 8 --layers 61 --budget 80", out, sizeof out) == 0, "%s", out);
   line = strstr(out, "\nglm-5.2");
