@@ -516,6 +516,21 @@ mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInpu
  * [IN] num_tokens 0 .. max_tokens */
 mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t stream);
 
+/* Collective (every rank of the layer's communicator, the same value; checked). mokImplMega
+ * at N > 1: the most routes this rank receives in one forward, from every rank its own
+ * included. 0 (the default): each forward reads the rows it received on the host (one wait;
+ * the exchanges of refusals wait too; no CUDA graph). routes > 0: the layer's row buffers
+ * hold that many routes (plus each expert's padding) from the next pass on, and neither pass
+ * waits on the host: both can be captured in one CUDA graph (run one pass first: it grows
+ * the blocks and the communicator's workspace). Then a pass that cannot run everywhere —
+ * more routes to a rank than this, a bad expert id, a rank that refuses its call — writes
+ * nothing on any rank and records mokDeviceError (mokCommGetAsyncError says which rank;
+ * re-create the communicator); the refusing rank's call returns its own error, the others
+ * return mokSuccess. N * max_tokens * topk never overflows. Where the shared expert runs on
+ * cuBLAS (s_up not right after s_gate), the backward still reads the forward's flag on the
+ * host, as on one GPU. [IN] routes 0 .. num_ranks * max_tokens * topk */
+mokResult_t mokLayerSetRecvCapacity(mokLayer_t layer, int64_t routes);
+
 /* Device memory held now. [OUT] layer_bytes: the layer's own (its block, blocks kept for
  * captured CUDA graphs included, and its index arrays); [OUT] comm_scratch_bytes: the
  * scratch block its communicator's layers share. Either may be NULL. */

@@ -1146,9 +1146,14 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) rc = check_share_stream(l, fn, impl, st);
   if (l && l->gpu && l->cfg.num_ranks > 1 && resolve_impl(l, impl) == mokImplMega) {
-    /* (stage A: every rank says first whether it refused, so none waits at a barrier) */
+    /* every rank says first whether it refused, so none waits at a barrier: stage A on the
+     * host, with a receive capacity through the device (mok_lg_mega_ep_refuse) */
     l->gpu->fwd_valid = 0;
-    rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
+    if (l->gpu->ep_recv_cap) {
+      if (rc != mokSuccess) rc = mok_lg_mega_ep_refuse(l, rc, st);
+    } else {
+      rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
+    }
     if (rc == mokSuccess) {
       l->gpu->fwd_impl = mokImplMega;
       rc = mok_lg_mega_ep_forward(l, in, w, out, st);
@@ -1197,13 +1202,19 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     const pass_shape fs = fwd_shape(l);
     rc = mok_lg_pass_buffers(l, &fs, 1, st, fn);
   }
-  if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
+  const int device_only = l && l->gpu && l->cfg.num_ranks > 1 && l->gpu->ep_recv_cap &&
+                          resolve_impl(l, impl) == mokImplMega; /* (mokLayerSetRecvCapacity) */
+  if (device_only) {
+    if (rc != mokSuccess) rc = mok_lg_mega_ep_refuse(l, rc, st); /* (through the device: no host wait) */
+  } else if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
     /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
     rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its backward input", st);
   }
   /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
-   * the shared expert (it cannot read the flag); else every kernel reads it (mok_lg_mega_backward) */
-  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1 && Is && T && !l->gpu->fwd_shared_in)
+   * the shared expert (it cannot read the flag) and no host read it; else every kernel reads
+   * it (mok_lg_mega_backward) */
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && (l->cfg.num_ranks == 1 || device_only) && Is && T &&
+      !l->gpu->fwd_shared_in)
     rc = mok_lg_mega_backward_check(l, st);
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl != mokImplMega ? baseline_backward(l, in, w, d_out, gr, st)
@@ -1215,6 +1226,25 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   if (l && l->gpu) pass_done(l, st);
   if (prev >= 0) cudaSetDevice(prev);
   return rc;
+}
+
+extern "C" mokResult_t mokLayerSetRecvCapacity(mokLayer_t l, int64_t routes) {
+  static const char fn[] = "mokLayerSetRecvCapacity";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only)", fn);
+  const mokConfig_t *c = &l->cfg;
+  const int64_t most = (int64_t)c->num_ranks * c->max_tokens * c->topk, El = l->local_experts, P = c->row_pad;
+  const int bad = routes < 0 || routes > most;
+  /* collective: every rank the same value (a rank with a bad one takes part, so none waits) */
+  const int64_t blob = bad ? -1 : routes;
+  const mokResult_t ar = mokCommCheckAgreement(l->comm, &blob, sizeof blob, "mokLayerSetRecvCapacity's routes");
+  if (bad)
+    return mok_error(l, mokInvalidArgument, "%s: routes %lld outside [0, num_ranks * max_tokens * topk = %lld]", fn,
+                     (long long)routes, (long long)most);
+  if (ar != mokSuccess) return mok_error(l, ar, "%s", mokGetLastError());
+  l->gpu->ep_recv_cap = routes ? (routes + El * (P - 1) + P - 1) / P * P : 0;
+  return mokSuccess;
 }
 
 /* ---- device memory ------------------------------------------------------------------- */

@@ -7,6 +7,7 @@
  */
 #include <cuda_runtime.h>
 
+#include "comm.h"           /* defines: MOK_ERRWORD, MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED */
 #include "ep_dev.h"
 #include "internal.h"       /* defines: mok_error, CUDA_CHECK */
 #include "route_rows.cuh"   /* defines: mok_dtopk_dy_row */
@@ -57,7 +58,46 @@ unsigned grid_of(int64_t items, int per_cta) {
   return (unsigned)(b < 1 ? 1 : b > 1024 ? 1024 : b);
 }
 
+__global__ void k_ep_any_bad(mokEpFlags_t f) {
+  for (int q = 0; q < f.num_ranks; ++q)
+    if (*(const volatile int32_t *)f.bad[q]) {
+      *f.flag = 1;
+      if (f.error_word) atomicCAS(f.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED, f.rank, q));
+      return;
+    }
+}
+
+__global__ void k_ep_copy_f32(const float *src, float *dst, int64_t n, const int32_t *flag) {
+  if (*(const volatile int32_t *)flag) return;
+  for (int64_t i = blockIdx.x * (int64_t)blockDim.x + threadIdx.x; i < n; i += (int64_t)gridDim.x * blockDim.x)
+    dst[i] = src[i];
+}
+
 } /* namespace */
+
+extern "C" mokResult_t mok_ep_any_bad_launch(const mokEpFlags_t *f, cudaStream_t stream) {
+  static const char fn[] = "mok_ep_any_bad_launch";
+  if (!f || f->num_ranks < 1 || f->num_ranks > MOK_SCHEDULE_EP_MAX_RANKS || !f->flag)
+    return mok_error(NULL, mokInvalidArgument, "%s: no flags, or ranks outside 1..%d, or flag NULL", fn,
+                     MOK_SCHEDULE_EP_MAX_RANKS);
+  for (int q = 0; q < f->num_ranks; ++q)
+    if (!f->bad[q]) return mok_error(NULL, mokInvalidArgument, "%s: bad[%d] is NULL", fn, q);
+  k_ep_any_bad<<<1, 1, 0, stream>>>(*f);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mok_ep_copy_f32_launch(const float *src, float *dst, int64_t n, const int32_t *flag,
+                                              cudaStream_t stream) {
+  static const char fn[] = "mok_ep_copy_f32_launch";
+  if (n < 0 || (n && (!src || !dst || !flag)))
+    return mok_error(NULL, mokInvalidArgument, "%s: n %lld, src %p, dst %p, flag %p", fn, (long long)n,
+                     (const void *)src, (void *)dst, (const void *)flag);
+  if (!n) return mokSuccess;
+  k_ep_copy_f32<<<grid_of(n, 256), 256, 0, stream>>>(src, dst, n, flag);
+  CUDA_CHECK(NULL, cudaGetLastError());
+  return mokSuccess;
+}
 
 extern "C" mokResult_t mok_ep_push_launch(const mokEpPush_t *p, cudaStream_t stream) {
   static const char fn[] = "mok_ep_push_launch";

@@ -59,6 +59,18 @@ typedef struct mokEpPull {
   float *d_topk_w[MOK_SCHEDULE_EP_MAX_RANKS];      /* source s's [T_s * topk] */
 } mokEpPull_t;
 mokResult_t mok_ep_dtopk_dy_launch(const mokEpPull_t *p, cudaStream_t stream);
+/* Whether any source refused its pass, where no host exchanged it (mokLayerSetRecvCapacity):
+ * *flag |= 1 where some bad[s] is nonzero, recording MOK_ERRWORD(INPUT, MOK_WAIT_EP_REFUSED,
+ * rank, s) for the lowest such s in error_word (if not NULL). One thread. */
+typedef struct mokEpFlags {
+  int num_ranks, rank;
+  const int32_t *bad[MOK_SCHEDULE_EP_MAX_RANKS]; /* each source's refusal flag (its window) */
+  int32_t *flag;                                 /* [1] this rank's pass flag (or'ed into) */
+  unsigned long long *error_word;                /* or NULL */
+} mokEpFlags_t;
+mokResult_t mok_ep_any_bad_launch(const mokEpFlags_t *f, cudaStream_t stream);
+/* dst[i] = src[i] for i < n, unless *flag is nonzero (then nothing is written). */
+mokResult_t mok_ep_copy_f32_launch(const float *src, float *dst, int64_t n, const int32_t *flag, cudaStream_t stream);
 
 #ifdef __cplusplus
 }

@@ -92,6 +92,10 @@ struct mok_gpu_layer {
    * global experts (its scratch, its row tokens [T_max k]) and the sources' x table [N] */
   int32_t *d_ep_scratch, *d_ep_rowtok;
   const mokBf16 **d_xsrc;
+  const mokBf16 *xsrc[MOK_GEMM_MAX_SOURCES]; /* what d_xsrc holds (written when the window moved) */
+  int xsrc_n;                                /* its entries; 0 = not written yet */
+  int64_t ep_recv_cap;   /* mokLayerSetRecvCapacity: 0, or the rows the row buffers hold (the
+                            routes plus every expert's padding): no host read, no host exchange */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
                             segment offsets (device; the layout of seg_cnt / seg_off) */
   /* MOK_BASELINE_PROFILE=1: per-phase times of every pass on stderr (measurements only) */
@@ -156,6 +160,9 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
 mokResult_t mok_lg_mega_backward_check(mokLayer_t l, cudaStream_t st);
 mokResult_t mok_lg_mega_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                  const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st);
+/* mokLayerSetRecvCapacity's refusal: this rank's BAD flag set and the pass's two barriers
+ * run (its peers write nothing and record mokDeviceError); returns rc, its message kept. */
+mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st);
 mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st);
 

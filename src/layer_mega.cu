@@ -207,18 +207,17 @@ static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const ch
   return mok_devbuf_reserve(l, mok_comm_scratch(l->comm), 0, st, fn, "communicator's scratch rows");
 }
 
-/* Steps 1 and 2 of mok_lg_mega_ep_forward, up to the host read (into g->h_cnt: rows received,
- * the EP schedule's flag, this rank's own refusal flag). */
-static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
-                                       int rank, cudaStream_t st, const char *fn) {
+/* Steps 1 and 2 of a forward at N > 1: this rank's tokens and send order where the expert
+ * ranks read them, a barrier, this rank's rows from every source's send order (capacity:
+ * the rows its buffers may hold; error_word: where a refusal is recorded, NULL in stage A,
+ * where the host reads the flag). A bad id sets only this source's BAD. */
+static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
+                                       int rank, int64_t capacity, unsigned long long *error_word, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
   const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, k = c->topk;
   const int T = in->num_tokens;
   char *me = base[rank];
-  MOK_CHECK(order_after_last_pass(l, st, fn));
-  /* 1. this rank's tokens and send order where the expert ranks read them; a bad id sets
-   * only BAD (no error word: the communicator stays usable, every rank refuses below) */
   if (T) CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_X], in->x, 2 * (size_t)T * H, cudaMemcpyDeviceToDevice, st));
   mokLocalSchedule_t s;
   memset(&s, 0, sizeof s);
@@ -230,7 +229,6 @@ static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, c
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
   MOK_CHECK(ep_barrier(l, st));
-  /* 2. this rank's rows from every source's send order */
   mokEpSchedule_t es;
   memset(&es, 0, sizeof es);
   es.num_ranks = N, es.rank = rank, es.local_experts = El, es.row_pad = c->row_pad, es.t_max = c->max_tokens;
@@ -241,16 +239,44 @@ static mokResult_t ep_forward_schedule(mokLayer_t l, const mokRankInput_t *in, c
     es.order[q] = (const int32_t *)(base[q] + off[MOK_EP_ORD]);
     es.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
   }
-  es.capacity = l->sched_capacity;
+  es.capacity = capacity;
   es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
-  es.row_route = g->d_row_tok, es.flag = g->d_bad;
+  es.row_route = g->d_row_tok, es.flag = g->d_bad, es.error_word = error_word;
   MOK_CHECK(mok_schedule_ep_launch(&es, st));
   mok_lg_prof_mark(g, "schedule", st);
-  /* stage A's host wait: the rows received size the row buffers */
+  return mokSuccess;
+}
+
+/* Stage A's host wait: into g->h_cnt the rows received, the EP schedule's flag and this
+ * rank's own refusal flag. */
+static mokResult_t ep_read_rows(mokLayer_t l, const char *me, const size_t *off, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int El = l->local_experts;
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_seg + 2 * El, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 1, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt + 2, me + off[MOK_EP_BAD], sizeof(int32_t), cudaMemcpyDeviceToHost, st));
   CUDA_CHECK(l, cudaStreamSynchronize(st));
+  return mokSuccess;
+}
+
+/* The sources' x table the megakernel reads (d_xsrc): written only where the window moved
+ * since (never inside a CUDA graph capture: a pass before it wrote it). */
+static mokResult_t ep_xsrc_table(mokLayer_t l, const size_t *off, char *const *base, cudaStream_t st, const char *fn) {
+  struct mok_gpu_layer *g = l->gpu;
+  const int N = l->cfg.num_ranks;
+  int same = g->xsrc_n == N;
+  for (int q = 0; q < N && same; q++) same = g->xsrc[q] == (const mokBf16 *)(base[q] + off[MOK_EP_X]);
+  if (same) return mokSuccess;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return mok_error(l, mokInvalidUsage, "%s: mokImplMega at %d ranks: the communicator's workspace moved (or no pass "
+                     "ran yet) and the stream captures a CUDA graph: run one pass before capturing", fn, N);
+  }
+  for (int q = 0; q < N; q++) g->xsrc[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]);
+  g->xsrc_n = 0; /* (on st, not the legacy stream: a loopback peer's barrier may be waiting on it) */
+  CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, g->xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
+  g->xsrc_n = N;
   return mokSuccess;
 }
 
@@ -264,7 +290,9 @@ static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int ran
   if (!l->gpu->h_cnt[2])
     return mok_error(l, mokInvalidArgument, "%s: rank %d's topk_idx held an expert id outside [-1, %d) (its "
                      "mokGetLastError says where); nothing was written", fn, first_bad, E);
-  if (routes && cudaMemcpy(l->gpu->h_idx, in->topk_idx, 4 * (size_t)routes, cudaMemcpyDeviceToHost) == cudaSuccess)
+  if (routes &&
+      cudaMemcpyAsync(l->gpu->h_idx, in->topk_idx, 4 * (size_t)routes, cudaMemcpyDeviceToHost, st) == cudaSuccess &&
+      cudaStreamSynchronize(st) == cudaSuccess)
     for (int64_t q = 0; q < routes; q++)
       if (l->gpu->h_idx[q] < -1 || l->gpu->h_idx[q] >= E)
         return mok_error(l, mokInvalidArgument, "%s: rank %d: topk_idx[%lld, %lld] = %d is not an expert id in [0, "
@@ -275,6 +303,27 @@ static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int ran
                    "written", fn, rank, E);
 }
 
+__global__ void k_shared_seg(int32_t *seg, int T, int T_pad) { seg[0] = T, seg[1] = 0, seg[2] = T_pad; }
+
+/* A refusal where no host exchanges it (mokLayerSetRecvCapacity): this rank's BAD set and
+ * the pass's two barriers run, so its peers' schedules see it (they write nothing and record
+ * mokDeviceError) and every rank's barriers stay in step. Returns rc with its message. */
+mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
+  char msg[MOK_ERRMSG_LEN];
+  snprintf(msg, sizeof msg, "%s", mokGetLastError());
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  l->gpu->fwd_valid = 0;
+  if (ep_window_bases(l, off, base) == mokSuccess &&
+      cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st) == cudaSuccess &&
+      ep_barrier(l, st) == mokSuccess)
+    ep_barrier(l, st);
+  cudaGetLastError();
+  return mok_error(l, rc, "%s", msg);
+}
+
 mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
                                    cudaStream_t st) {
   static const char fn[] = "mokLayerForward";
@@ -282,43 +331,56 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   struct mok_gpu_layer *g = l->gpu;
   const int N = c->num_ranks, El = l->local_experts, H = c->hidden, I = c->inter;
   const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
+  const int device_only = g->ep_recv_cap > 0; /* (mokLayerSetRecvCapacity: no host wait) */
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   g->fwd_valid = 0;
   size_t off[MOK_EP_NUM];
   char *base[MOK_COMM_MAX_RANKS];
   mok_lg_prof_mark(g, "start", st);
-  /* Steps 1-3 end in an exchange of whether each rank got through them, so that a rank that
-   * fails in one never leaves its peers waiting in a host collective (a failed barrier launch
-   * still makes theirs time out: the communicator then reports it). */
-  mokResult_t ar = ep_window_bases(l, off, base);
-  if (ar == mokSuccess) ar = ep_forward_schedule(l, in, off, base, rank, st, fn);
-  if (ar == mokSuccess && g->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
-    ar = mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity %lld",
-                   fn, rank, (long long)l->sched_capacity);
-  const int refused = ar == mokSuccess && g->h_cnt[1] == 1; /* (the same on every rank: any source's BAD) */
   const int shared_in = g->mega_shared && Is == I && T > 0 && w->s_up == w->s_gate + (size_t)Is * H;
-  if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
-    const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
-    ar = mok_lg_pass_buffers(l, &ps, 0, st, fn);
+  mokResult_t ar = ep_window_bases(l, off, base);
+  if (ar == mokSuccess) ar = order_after_last_pass(l, st, fn);
+  if (ar == mokSuccess) ar = ep_xsrc_table(l, off, base, st, fn);
+  if (device_only) {
+    /* the buffers hold the capacity; a rank that cannot run refuses through the device */
+    if (ar == mokSuccess) {
+      const pass_shape ps = mega_ep_shape(l, T, shared_in, g->ep_recv_cap);
+      ar = mok_lg_pass_buffers(l, &ps, 0, st, fn);
+    }
+    if (ar != mokSuccess) return mok_lg_mega_ep_refuse(l, ar, st);
+    mokGemmRows_t er;
+    MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
+    MOK_CHECK(ep_send_and_compose(l, in, off, base, rank, g->cap, er.error_word, st));
+  } else {
+    /* stage A: steps 1-3 end in an exchange of whether each rank got through them, so that
+     * a rank that fails in one never leaves its peers in a host collective (a failed barrier
+     * launch still makes theirs time out: the communicator then reports it) */
+    if (ar == mokSuccess) ar = ep_send_and_compose(l, in, off, base, rank, l->sched_capacity, NULL, st);
+    if (ar == mokSuccess) ar = ep_read_rows(l, base[rank], off, st);
+    if (ar == mokSuccess && g->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
+      ar = mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity %lld",
+                     fn, rank, (long long)l->sched_capacity);
+    const int refused = ar == mokSuccess && g->h_cnt[1] == 1; /* (the same on every rank: any source's BAD) */
+    if (ar == mokSuccess && !refused) { /* 3. the row buffers, sized by the rows received */
+      const pass_shape ps = mega_ep_shape(l, T, shared_in, g->h_cnt[0]);
+      ar = mok_lg_pass_buffers(l, &ps, 0, st, fn);
+    }
+    MOK_CHECK(mok_lg_agree_step(l, ar, mokInvalidArgument, fn, "failed in this forward's schedule or row buffers "
+                                "(its mokGetLastError says why)", st));
+    if (refused) return ep_refuse_ids(l, in, rank, st, fn);
   }
-  MOK_CHECK(mok_lg_agree_step(l, ar, mokInvalidArgument, fn, "failed in this forward's schedule or row buffers (its "
-                       "mokGetLastError says why)", st));
-  if (refused) return ep_refuse_ids(l, in, rank, st, fn);
   char *me = base[rank];
   mokGemmRows_t rows;
   MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &rows));
   /* 4. the shared expert (in the launch or on cuBLAS) and the megakernel, rows read from their sources */
   if (shared_in) {
-    int32_t seg[3] = {T, 0, (T + c->row_pad - 1) / c->row_pad * c->row_pad};
-    CUDA_CHECK(l, cudaMemcpyAsync(g->d_shared_seg, seg, sizeof seg, cudaMemcpyHostToDevice, st));
+    k_shared_seg<<<1, 1, 0, st>>>(g->d_shared_seg, T, (T + c->row_pad - 1) / c->row_pad * c->row_pad);
+    CUDA_CHECK(l, cudaGetLastError());
   } else {
     MOK_CHECK(mok_lg_shared_forward(l, in, w, st));
   }
   g->fwd_shared_in = shared_in;
-  const mokBf16 *xsrc[MOK_COMM_MAX_RANKS];
-  for (int q = 0; q < N; q++) xsrc[q] = (const mokBf16 *)(base[q] + off[MOK_EP_X]);
-  CUDA_CHECK(l, cudaMemcpyAsync((void *)g->d_xsrc, xsrc, sizeof(void *) * (size_t)N, cudaMemcpyHostToDevice, st));
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
   m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
@@ -436,8 +498,10 @@ mokResult_t mok_lg_mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
  * routed ones written by the expert ranks), a barrier; on every expert rank d_topk_w and dY
  * from its rows' sources (mok_ep_dtopk_dy_launch: k_dtopk_dy's arithmetic), the four GEMMs
  * and the shared expert as at N = 1, the dX rows pushed to their sources' COMB; a barrier;
- * d_x combined from the local COMB with weights 1, d_topk_w copied out. No host wait of its
- * own (mokLayerBackward's exchange of refusals before it waits, at N > 1). */
+ * d_x combined from the local COMB with weights 1, d_topk_w copied out; all of it nothing
+ * where the forward or a rank's backward was refused (d_bad). No host wait of its own
+ * (mokLayerBackward's exchange of refusals before it waits, unless a receive capacity is
+ * set: then a refusing rank sets its BAD flag, mok_lg_mega_ep_refuse). */
 mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -457,7 +521,20 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
     CUDA_CHECK(l, cudaMemcpyAsync(me + off[MOK_EP_W], in->topk_w, 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
     MOK_CHECK(mok_ep_slots_launch(in->topk_idx, routes, g->d_route_row, (float *)(me + off[MOK_EP_DW]), st));
   }
+  /* this rank's d_out is there (a rank that refuses its backward sets BAD instead:
+   * mok_lg_mega_ep_refuse; where no host exchanged refusals, every rank then writes nothing) */
+  CUDA_CHECK(l, cudaMemsetAsync(me + off[MOK_EP_BAD], 0, sizeof(int32_t), st));
   MOK_CHECK(ep_barrier(l, st));
+  mokEpFlags_t f;
+  memset(&f, 0, sizeof f);
+  f.num_ranks = N, f.rank = rank, f.flag = g->d_bad;
+  for (int q = 0; q < N; q++) f.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
+  if (g->ep_recv_cap) {
+    mokGemmRows_t er;
+    MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
+    f.error_word = er.error_word;
+  }
+  MOK_CHECK(mok_ep_any_bad_launch(&f, st));
   mokEpPull_t p;
   memset(&p, 0, sizeof p);
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
@@ -479,8 +556,7 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   MOK_CHECK(ep_barrier(l, st));
   mok_lg_prof_mark(g, "push", st);
   mega_combine_dx(l, T, (const mokBf16 *)(me + off[MOK_EP_COMB]), gr->d_x, st);
-  if (T)
-    CUDA_CHECK(l, cudaMemcpyAsync(gr->d_topk_w, me + off[MOK_EP_DW], 4 * (size_t)routes, cudaMemcpyDeviceToDevice, st));
+  MOK_CHECK(mok_ep_copy_f32_launch((const float *)(me + off[MOK_EP_DW]), gr->d_topk_w, routes, g->d_bad, st));
   CUDA_CHECK(l, cudaGetLastError());
   mok_lg_prof_mark(g, "shared+combine", st);
   mok_lg_prof_report(g, "bwd", rank);

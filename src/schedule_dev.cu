@@ -234,12 +234,16 @@ __global__ void __launch_bounds__(1024, 1) k_ep_segments(mokEpSchedule_t s) {
   const int N = s.num_ranks, El = s.local_experts;
   if (threadIdx.x == 0) {
     refused = 0;
-    for (int q = 0; q < N; ++q)
-      if (s.bad[q] && *(const volatile int32_t *)s.bad[q]) refused = 1;
+    for (int q = N - 1; q >= 0; --q)
+      if (s.bad[q] && *(const volatile int32_t *)s.bad[q]) refused = q + 1;
   }
   __syncthreads();
   if (refused) {
-    if (threadIdx.x == 0) *s.flag = 1;
+    if (threadIdx.x == 0) {
+      *s.flag = 1;
+      if (s.error_word)
+        atomicCAS(s.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED, s.rank, refused - 1));
+    }
     return;
   }
   for (int e = threadIdx.x; e < El; e += blockDim.x) {
@@ -262,6 +266,8 @@ __global__ void __launch_bounds__(1024, 1) k_ep_segments(mokEpSchedule_t s) {
     }
     s.expert_offset[El] = (int32_t)rows;
     *s.flag = rows > s.capacity ? 2 : 0;
+    if (rows > s.capacity && s.error_word)
+      atomicCAS(s.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED, s.rank, -1));
   }
 }
 

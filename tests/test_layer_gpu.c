@@ -39,6 +39,7 @@ typedef struct {
   mokImpl_t impl;
   int shared_apart; /* mokImplMega: a gap between s_gate and s_up (the shared expert then runs
                        on cuBLAS before the launch, not as tiles of it) */
+  int64_t recv_cap; /* mokImplMega at N > 1: mokLayerSetRecvCapacity's routes after create (0: none) */
 } gpu_case;
 
 static size_t gsz(const gpu_case *c) { return c->cfg.grad_dtype == mokDtypeBF16 ? 2 : 4; }
@@ -184,6 +185,7 @@ static cudaError_t capture_passes(gpu_case *c, cudaStream_t st, cudaGraph_t *gra
 static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   gpu_case *c = arg;
   mokResult_t rc = rank_setup(comm, s, c);
+  if (rc == mokSuccess && c->recv_cap) rc = mokLayerSetRecvCapacity(c->layer[s], c->recv_cap); /* (collective) */
   if (rc != mokSuccess) return rc;
   cudaStream_t st;
   cudaStreamCreate(&st);
@@ -249,11 +251,13 @@ static void check_case(test_ctx *t, mokComm_t *comms, gpu_case *c, const char *l
   }
 }
 
+static int g_recv_cap; /* run_case: set mokLayerSetRecvCapacity to N T_max k (routings_on's capacity) */
 static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int mode, float clamp, mokDtype_t gdt,
                      const char *label) {
   gpu_case *c = calloc(1, sizeof *c);
   CHECK(case_init(c, N, mode, clamp, gdt, test_seed() ^ (uint64_t)(mode * 31 + N)));
   c->impl = impl;
+  if (g_recv_cap) c->recv_cap = (int64_t)N * c->cfg.max_tokens * c->cfg.topk;
   mokResult_t rc = mokLocalRun(N, comms, rank_run, c);
   if (rc == mokSuccess) check_case(t, comms, c, label);
   else mokLocalRun(N, comms, rank_free, c);
@@ -262,8 +266,10 @@ static void run_case(test_ctx *t, mokComm_t *comms, int N, mokImpl_t impl, int m
   CHECK_MSG(rc == mokSuccess, "%s: %s", label, mokGetLastError());
 }
 
-/* loopback: N ranks on GPU 0 (mok_comm_create_loopback), else one rank a GPU */
-static void routings_on(test_ctx *t, int N, mokImpl_t impl, int loopback) {
+/* loopback: N ranks on GPU 0 (mok_comm_create_loopback), else one rank a GPU; capacity:
+ * mokImplMega at N > 1 with a receive capacity (no host wait), else stage A's host read */
+static void routings_on(test_ctx *t, int N, mokImpl_t impl, int loopback, int capacity) {
+  g_recv_cap = capacity;
   mokComm_t comms[MAXR] = {0};
   if (loopback) CHECK_MSG(mok_comm_create_loopback(N, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
   else CHECK_MSG(mokLocalCommsCreate(N, NULL, NULL, comms) == mokSuccess, "%s", mokGetLastError());
@@ -275,7 +281,7 @@ static void routings_on(test_ctx *t, int N, mokImpl_t impl, int loopback) {
   if (!t->failed) run_case(t, comms, N, impl, RT_UNEVEN, 0.5f, mokDtypeBF16, "uneven tokens, clamp");
   mokLocalCommsDestroy(N, comms);
 }
-static void all_routings(test_ctx *t, int N, mokImpl_t impl) { routings_on(t, N, impl, 0); }
+static void all_routings(test_ctx *t, int N, mokImpl_t impl) { routings_on(t, N, impl, 0, 0); }
 
 MOK_GPU_TEST(layer_baseline_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplBaseline); }
 MOK_GPU_TEST(layer_baseline_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplBaseline); }
@@ -290,8 +296,13 @@ MOK_GPU_TEST(layer_nccl_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplN
  * GPU (each rank's launches on its share of the SMs) and on 2 GPUs. */
 MOK_GPU_TEST(layer_mega_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplMega); }
 MOK_GPU_TEST(layer_mega_matches_reference_loopback, 1) {
-  routings_on(t, 2, mokImplMega, 1);
-  if (!t->failed) routings_on(t, 4, mokImplMega, 1);
+  routings_on(t, 2, mokImplMega, 1, 0);
+  if (!t->failed) routings_on(t, 4, mokImplMega, 1, 0);
+}
+/* ... with a receive capacity (mokLayerSetRecvCapacity: no pass waits on the host) */
+MOK_GPU_TEST(layer_mega_recv_capacity_loopback, 1) {
+  routings_on(t, 2, mokImplMega, 1, 1);
+  if (!t->failed) routings_on(t, 4, mokImplMega, 1, 1);
 }
 MOK_GPU_TEST(layer_mega_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplMega); }
 
@@ -481,6 +492,146 @@ MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {
     free(c), free(c2);
   }
   mokLocalCommsDestroy(1, &comm);
+}
+
+/* mokImplMega at N > 1 with a receive capacity on 2 loopback ranks of one GPU: each rank
+ * captures its forward and backward in a CUDA graph on a stream of its own (thread-local
+ * capture: no pass waits on the host or meets the other rank there), both ranks replay their
+ * graphs at once, and every output of every rank is bitwise its eager pass's. */
+typedef struct {
+  gpu_case *c;
+  int bad[MAXR];      /* outputs that differ from the eager pass (bits: names below) */
+  char msg[MAXR][512];
+} capture_arg;
+
+static void rank_outputs(const gpu_case *c, int s, void *ptr[4], size_t bytes[4]) {
+  const size_t th = (size_t)c->T[s] * c->cfg.hidden, tk = (size_t)c->T[s] * c->cfg.topk;
+  const size_t wgu = (size_t)c->El * c->cfg.inter * c->cfg.hidden;
+  void *p[4] = {c->out_d[s], c->dg[s].d_x, c->dg[s].d_topk_w, c->dg[s].d_w_down};
+  const size_t b[4] = {2 * th, 2 * th, 4 * tk, gsz(c) * wgu};
+  for (int q = 0; q < 4; q++) ptr[q] = p[q], bytes[q] = b[q];
+}
+
+static mokResult_t rank_capture(mokComm_t comm, int s, void *arg) {
+  capture_arg *a = arg;
+  gpu_case *c = a->c;
+  (void)comm;
+  void *ptr[4];
+  size_t bytes[4];
+  char *eager[4], *replay[4];
+  rank_outputs(c, s, ptr, bytes);
+  for (int q = 0; q < 4; q++) { /* (the eager pass of rank_run) */
+    eager[q] = malloc(bytes[q] + 1), replay[q] = malloc(bytes[q] + 1);
+    if (bytes[q]) cudaMemcpy(eager[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
+  }
+  cudaStream_t st; /* (non-blocking: the other rank's legacy-stream calls never wait for it) */
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaGraph_t graph = NULL;
+  cudaGraphExec_t exec = NULL;
+  mokResult_t fwd = mokInternalError, bwd = mokInternalError;
+  cudaError_t ce = cudaStreamBeginCapture(st, cudaStreamCaptureModeThreadLocal);
+  if (ce == cudaSuccess) {
+    fwd = rank_forward(c, s, st);
+    bwd = fwd == mokSuccess ? rank_backward(c, s, st) : fwd;
+    snprintf(a->msg[s], sizeof a->msg[s], "%s", mokGetLastError());
+    ce = cudaStreamEndCapture(st, &graph);
+  }
+  if (ce == cudaSuccess && fwd == mokSuccess && bwd == mokSuccess) ce = cudaGraphInstantiate(&exec, graph, 0);
+  if (ce == cudaSuccess && exec) {
+    for (int q = 0; q < 4; q++)
+      if (bytes[q]) cudaMemsetAsync(ptr[q], 0xff, bytes[q], st);
+    ce = cudaGraphLaunch(exec, st);
+    if (ce == cudaSuccess) ce = cudaStreamSynchronize(st);
+    for (int q = 0; q < 4 && ce == cudaSuccess; q++) {
+      if (bytes[q]) cudaMemcpy(replay[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
+      if (memcmp(eager[q], replay[q], bytes[q])) a->bad[s] |= 1 << q;
+    }
+  }
+  if (ce != cudaSuccess && !a->msg[s][0]) snprintf(a->msg[s], sizeof a->msg[s], "%s", cudaGetErrorString(ce));
+  if (exec) cudaGraphExecDestroy(exec);
+  if (graph) cudaGraphDestroy(graph);
+  cudaStreamDestroy(st);
+  for (int q = 0; q < 4; q++) free(eager[q]), free(replay[q]);
+  return fwd != mokSuccess ? fwd : bwd != mokSuccess ? bwd : ce == cudaSuccess && exec ? mokSuccess : mokCudaError;
+}
+
+MOK_GPU_TEST(layer_mega_loopback_passes_in_cuda_graph, 1) {
+  static const char *names[4] = {"out", "d_x", "d_topk_w", "d_w_down"};
+  mokComm_t comms[MAXR] = {0};
+  CHECK_MSG(mok_comm_create_loopback(2, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (t->failed) return;
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, 2, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xcafe));
+  c->impl = mokImplMega;
+  c->recv_cap = 2LL * c->cfg.max_tokens * c->cfg.topk;
+  CHECK_MSG(mokLocalRun(2, comms, rank_run, c) == mokSuccess, "eager passes: %s", mokGetLastError());
+  capture_arg *a = calloc(1, sizeof *a);
+  a->c = c;
+  const mokResult_t rc = t->failed ? mokInternalError : mokLocalRun(2, comms, rank_capture, a);
+  for (int s = 0; s < 2 && !t->failed; s++) {
+    CHECK_MSG(rc == mokSuccess, "rank %d: capture or replay: %s (%s)", s, a->msg[s], mokGetErrorName(rc));
+    for (int q = 0; q < 4; q++)
+      CHECK_MSG(!(a->bad[s] & (1 << q)), "rank %d: the replay's %s differs from the eager pass's", s, names[q]);
+  }
+  for (int s = 0; s < 2; s++) {
+    mokResult_t async = mokSuccess;
+    CHECK_OK(mokCommGetAsyncError(comms[s], &async));
+    CHECK_MSG(async == mokSuccess, "rank %d: async error %s", s, mokGetErrorName(async));
+  }
+  mokLocalRun(2, comms, rank_free, c);
+  mokLocalCommsDestroy(2, comms);
+  case_free(c);
+  free(c), free(a);
+}
+
+/* With a receive capacity, a rank that refuses its forward (x a host pointer) returns its
+ * error at once; its peer's forward returns mokSuccess, writes nothing, and its communicator
+ * reports mokDeviceError naming the refusal; nobody waits on the host. */
+typedef struct {
+  gpu_case *c;
+  mokResult_t fwd[MAXR], async[MAXR];
+  mokBf16 out0[MAXR];
+} refuse_arg;
+
+static mokResult_t rank_refuse_dev(mokComm_t comm, int s, void *arg) {
+  refuse_arg *a = arg;
+  gpu_case *c = a->c;
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  cudaMemsetAsync(c->out_d[s], 0x77, 2 * (size_t)c->T[s] * c->cfg.hidden, st);
+  mokRankInput_t in = c->din[s];
+  if (s == 1) in.x = c->in[s].x; /* a host pointer: refused on the host */
+  a->fwd[s] = mokLayerForward(c->layer[s], mokImplMega, &in, &c->dw[s], c->out_d[s], st);
+  cudaStreamSynchronize(st);
+  cudaMemcpy(&a->out0[s], c->out_d[s], 2, cudaMemcpyDeviceToHost);
+  a->async[s] = mokSuccess;
+  mokCommGetAsyncError(comm, &a->async[s]);
+  cudaStreamDestroy(st);
+  return mokSuccess;
+}
+
+MOK_GPU_TEST(layer_mega_recv_capacity_refusal_loopback, 1) {
+  mokComm_t comms[MAXR] = {0};
+  CHECK_MSG(mok_comm_create_loopback(2, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
+  if (t->failed) return;
+  gpu_case *c = calloc(1, sizeof *c);
+  CHECK(case_init(c, 2, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xdead));
+  c->impl = mokImplMega;
+  c->recv_cap = 2LL * c->cfg.max_tokens * c->cfg.topk;
+  CHECK_MSG(mokLocalRun(2, comms, rank_run, c) == mokSuccess, "eager passes: %s", mokGetLastError());
+  refuse_arg *a = calloc(1, sizeof *a);
+  a->c = c;
+  if (!t->failed) mokLocalRun(2, comms, rank_refuse_dev, a);
+  CHECK_MSG(a->fwd[1] == mokInvalidArgument, "the refusing rank gave %s", mokGetErrorName(a->fwd[1]));
+  CHECK_MSG(a->fwd[0] == mokSuccess, "its peer gave %s (no host exchange: it learns on the device)",
+            mokGetErrorName(a->fwd[0]));
+  CHECK_MSG(a->out0[0] == 0x7777, "the peer wrote its output (%04x)", a->out0[0]);
+  CHECK_MSG(a->async[0] == mokDeviceError, "the peer's async error: %s", mokGetErrorName(a->async[0]));
+  CHECK(strstr(mokCommGetLastError(comms[0]), "refused") != NULL);
+  mokLocalRun(2, comms, rank_free, c);
+  mokLocalCommsDestroy(2, comms);
+  case_free(c);
+  free(c), free(a);
 }
 
 /* grads.accumulate = 1 (fp32 gradients): each impl adds its weight gradients to what the

@@ -235,6 +235,11 @@ class MoE(torch.nn.Module):
         (mok.Layer.reserve: before capturing a CUDA graph), on the current stream."""
         self.layer.reserve(num_tokens, current_stream_handle(torch.device("cuda", self.comm.device)))
 
+    def set_recv_capacity(self, routes):
+        """Collective. impl "mega" at N > 1: the most routes this rank receives in a forward, so that
+        no pass waits on the host (mok.Layer.set_recv_capacity); 0 = read on the host each forward."""
+        self.layer.set_recv_capacity(routes)
+
     def reset_parameters(self):
         c = self.layer.config
         with torch.no_grad():

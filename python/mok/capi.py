@@ -111,6 +111,7 @@ def _declare(lib):
         "mokLayerForward": ([V, I, P(_RankInput), P(_RankWeights), V, V], I),
         "mokLayerBackward": ([V, I, P(_RankInput), P(_RankWeights), V, P(_RankGrads), V], I),
         "mokLayerReserve": ([V, I, V], I),
+        "mokLayerSetRecvCapacity": ([V, ctypes.c_int64], I),
         "mokLayerMemoryInfo": ([V, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokLayerMemoryEstimate": ([P(_Config), I, I, I, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokCommConfigInit": ([P(_CommConfig)], I),
@@ -389,6 +390,13 @@ class Layer:
         capture). Drops the last forward's context if the layer's block grows."""
         self._err(_load().mokLayerReserve(self.handle, int(num_tokens), stream))
         self.generation += 1
+
+    def set_recv_capacity(self, routes):
+        """Collective, the same value on every rank (mokLayerSetRecvCapacity). impl "mega" at N > 1:
+        the most routes this rank receives in a forward; then no pass waits on the host (CUDA graphs),
+        and a pass that cannot run everywhere writes nothing and records a device error. 0: each
+        forward reads the rows received on the host (the default)."""
+        self._err(_load().mokLayerSetRecvCapacity(self.handle, int(routes)))
 
     def close(self):
         """Collective. Frees the layer's device memory (waits for its device)."""
