@@ -507,8 +507,9 @@ mokResult_t mokLayerBackward(mokLayer_t layer, mokImpl_t impl, const mokRankInpu
 /* Not collective. Grows the layer's block and its communicator's scratch now, on `stream`,
  * to what a pass of num_tokens tokens needs under the worst routing (every route of every
  * rank on this rank's experts; at N > 1 that is N times the balanced need), for any
- * implementation but mokImplMega at N > 1 (stage A: its forward reads the rows received on
- * the host and grows the blocks to them, and its first pass grows the communicator's
+ * implementation but mokImplMega at N > 1 without a receive capacity (stage A: its forward
+ * reads the rows received on the host and grows the blocks to them; with one,
+ * mokLayerSetRecvCapacity, its rows are reserved here; its first pass grows the communicator's
  * workspace, collectively, to its window): later passes of at most num_tokens tokens then
  * allocate nothing (for a CUDA graph capture, or to fail early with mokOutOfMemory). If the
  * layer's block grows,
@@ -528,7 +529,9 @@ mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t strea
  * re-create the communicator); the refusing rank's call returns its own error, the others
  * return mokSuccess. N * max_tokens * topk never overflows. Where the shared expert runs on
  * cuBLAS (s_up not right after s_gate), the backward still reads the forward's flag on the
- * host, as on one GPU. [IN] routes 0 .. num_ranks * max_tokens * topk */
+ * host, as on one GPU (so it cannot be captured), and the shared expert's gradients, this
+ * rank's own, are written even when a peer refused its backward. Every rank passes the same
+ * impl. Drops the last forward's context. [IN] routes 0 .. num_ranks * max_tokens * topk */
 mokResult_t mokLayerSetRecvCapacity(mokLayer_t layer, int64_t routes);
 
 /* Device memory held now. [OUT] layer_bytes: the layer's own (its block, blocks kept for

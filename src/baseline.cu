@@ -1202,20 +1202,20 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
     const pass_shape fs = fwd_shape(l);
     rc = mok_lg_pass_buffers(l, &fs, 1, st, fn);
   }
+  /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
+   * the shared expert (it cannot read the flag) and no host read it (one GPU, or a receive
+   * capacity); else every kernel reads it (mok_lg_mega_backward) */
   const int device_only = l && l->gpu && l->cfg.num_ranks > 1 && l->gpu->ep_recv_cap &&
                           resolve_impl(l, impl) == mokImplMega; /* (mokLayerSetRecvCapacity) */
+  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && (l->cfg.num_ranks == 1 || device_only) && Is && T &&
+      !l->gpu->fwd_shared_in)
+    rc = mok_lg_mega_backward_check(l, st);
   if (device_only) {
     if (rc != mokSuccess) rc = mok_lg_mega_ep_refuse(l, rc, st); /* (through the device: no host wait) */
   } else if (l && l->gpu && !(rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && l->cfg.num_ranks == 1)) {
     /* every rank says whether it refused, so none waits inside NCCL (one rank: no peer) */
     rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its backward input", st);
   }
-  /* mokImplMega: a forward the device refused is checked on the host only where cuBLAS runs
-   * the shared expert (it cannot read the flag) and no host read it; else every kernel reads
-   * it (mok_lg_mega_backward) */
-  if (rc == mokSuccess && l->gpu->fwd_impl == mokImplMega && (l->cfg.num_ranks == 1 || device_only) && Is && T &&
-      !l->gpu->fwd_shared_in)
-    rc = mok_lg_mega_backward_check(l, st);
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl != mokImplMega ? baseline_backward(l, in, w, d_out, gr, st)
          : l->cfg.num_ranks > 1     ? mok_lg_mega_ep_backward(l, in, w, d_out, gr, st)
@@ -1244,6 +1244,7 @@ extern "C" mokResult_t mokLayerSetRecvCapacity(mokLayer_t l, int64_t routes) {
                      (long long)routes, (long long)most);
   if (ar != mokSuccess) return mok_error(l, ar, "%s", mokGetLastError());
   l->gpu->ep_recv_cap = routes ? (routes + El * (P - 1) + P - 1) / P * P : 0;
+  l->gpu->fwd_valid = 0; /* (a backward runs the protocol of its forward: it needs a forward again) */
   return mokSuccess;
 }
 
@@ -1260,14 +1261,17 @@ extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_
   const int64_t N = l->cfg.num_ranks, k = l->cfg.topk;
   /* the worst routing: every route of every rank on this rank's experts */
   const int64_t worst = N * num_tokens * k;
-  /* (mokImplMega at N > 1 is not covered: its forward reads the rows on the host and grows its
-   * blocks to them; reserving its worst case, N T k rows of y in the saved block, would cost
-   * every NCCL user GiBs a layer) */
-  const pass_shape sh[4] = {mega_shape(l, num_tokens, 0), mega_shape(l, num_tokens, 1),
+  /* (mokImplMega at N > 1 is covered only with a receive capacity: else its forward reads the
+   * rows on the host and grows its blocks to them; reserving its worst case, N T k rows of y in
+   * the saved block, would cost every NCCL user GiBs a layer) */
+  const int64_t cap = g->ep_recv_cap; /* (with a receive capacity: its rows) */
+  const pass_shape sh[6] = {mega_shape(l, num_tokens, 0), mega_shape(l, num_tokens, 1),
                             mok_shape_spread(&l->cfg, mokImplNccl, num_tokens, worst, 1),
-                            mok_shape_spread(&l->cfg, mokImplBaseline, num_tokens, worst, 1)};
+                            mok_shape_spread(&l->cfg, mokImplBaseline, num_tokens, worst, 1),
+                            mok_shape_mega_rows(&l->cfg, num_tokens, 0, cap),
+                            mok_shape_mega_rows(&l->cfg, num_tokens, 1, cap)};
   size_t saved = 0, scratch = 0;
-  for (int q = 0; q < 4; q++) {
+  for (int q = 0; q < (cap ? 6 : 4); q++) {
     const size_t a = layout_saved(l, &sh[q], NULL), b = scratch_need(l, &sh[q]);
     if (a > saved) saved = a;
     if (b > scratch) scratch = b;

@@ -93,7 +93,8 @@ typedef struct mokCommDev {
   X(MOK_WAIT_GEMM_DEP, 8, "expert GEMM: wait for the tiles a tile reads (fused forward: an expert's gate+up tiles)", "expert") \
   X(MOK_WAIT_MEGA_X, 9, "forward megakernel: wait for an expert's dispatched token rows", "expert")        \
   X(MOK_WAIT_SCHED_INPUT, 10, "device schedule: topk_idx holds an id outside [-1, E)", "route")                 \
-  X(MOK_WAIT_EP_REFUSED, 11, "expert-parallel pass: a rank refused it (a bad expert id or a refused call) or its rows exceeded the receive capacity", "source rank (-1: the capacity)")
+  X(MOK_WAIT_EP_REFUSED, 11, "expert-parallel pass: a rank refused it (a bad expert id, a refused call, or more rows than its receive capacity)", "the first such rank") \
+  X(MOK_WAIT_EP_CAPACITY, 12, "expert-parallel pass: this rank received more rows than its receive capacity (mokLayerSetRecvCapacity)", "rows (padded) it received")
 #define MOK_WAIT_ENUM_(name, value, text, where) name = value,
 enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
 #undef MOK_WAIT_ENUM_

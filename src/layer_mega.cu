@@ -207,10 +207,24 @@ static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const ch
   return mok_devbuf_reserve(l, mok_comm_scratch(l->comm), 0, st, fn, "communicator's scratch rows");
 }
 
+__global__ void k_copy_flag(const int32_t *src, int32_t *dst) { *dst = *(const volatile int32_t *)src; }
+
+/* *d_bad |= any rank's flag at offset `which` of its window (FLAG in the forward, BAD in the
+ * backward), recording which in error_word where not NULL. */
+static mokResult_t ep_any_flag(mokLayer_t l, const size_t *off, char *const *base, int which,
+                               unsigned long long *error_word, int rank, cudaStream_t st) {
+  mokEpFlags_t f;
+  memset(&f, 0, sizeof f);
+  f.num_ranks = l->cfg.num_ranks, f.rank = rank, f.flag = l->gpu->d_bad, f.error_word = error_word;
+  for (int q = 0; q < f.num_ranks; q++) f.bad[q] = (const int32_t *)(base[q] + off[which]);
+  return mok_ep_any_bad_launch(&f, st);
+}
+
 /* Steps 1 and 2 of a forward at N > 1: this rank's tokens and send order where the expert
  * ranks read them, a barrier, this rank's rows from every source's send order (capacity:
- * the rows its buffers may hold; error_word: where a refusal is recorded, NULL in stage A,
- * where the host reads the flag). A bad id sets only this source's BAD. */
+ * the rows its buffers may hold; error_word: where a bad id or a refusal is recorded, NULL
+ * in stage A, where the host reads the flags: a bad id then sets only this source's BAD).
+ * Ends with the pass flag (d_bad) published in FLAG for every rank's combine. */
 static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
                                        int rank, int64_t capacity, unsigned long long *error_word, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
@@ -225,7 +239,7 @@ static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, c
   s.num_tokens = T, s.topk = k, s.num_experts = E, s.row_pad = 1;
   s.expert_count = (int32_t *)(me + off[MOK_EP_CNT]), s.expert_offset = (int32_t *)(me + off[MOK_EP_OFF]);
   s.send_pos = g->d_pos, s.route_row = g->d_route_row, s.row_tok = g->d_ep_rowtok, s.row_map = g->d_map;
-  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.error_word = NULL, s.rank = rank;
+  s.bad = (int32_t *)(me + off[MOK_EP_BAD]), s.scratch = g->d_ep_scratch, s.error_word = error_word, s.rank = rank;
   MOK_CHECK(mok_schedule_local_launch(&s, st));
   MOK_CHECK(mok_schedule_send_order_launch(g->d_pos, (int64_t)T * k, s.bad, (int32_t *)(me + off[MOK_EP_ORD]), st));
   MOK_CHECK(ep_barrier(l, st));
@@ -243,6 +257,8 @@ static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, c
   es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
   es.row_route = g->d_row_tok, es.flag = g->d_bad, es.error_word = error_word;
   MOK_CHECK(mok_schedule_ep_launch(&es, st));
+  k_copy_flag<<<1, 1, 0, st>>>(g->d_bad, (int32_t *)(me + off[MOK_EP_FLAG]));
+  CUDA_CHECK(l, cudaGetLastError());
   mok_lg_prof_mark(g, "schedule", st);
   return mokSuccess;
 }
@@ -306,8 +322,11 @@ static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int ran
 __global__ void k_shared_seg(int32_t *seg, int T, int T_pad) { seg[0] = T, seg[1] = 0, seg[2] = T_pad; }
 
 /* A refusal where no host exchanges it (mokLayerSetRecvCapacity): this rank's BAD set and
- * the pass's two barriers run, so its peers' schedules see it (they write nothing and record
- * mokDeviceError) and every rank's barriers stay in step. Returns rc with its message. */
+ * the pass's two barriers run, so its peers see it (the forward's schedule, the backward's
+ * check after its first barrier: they write nothing and record mokDeviceError) and every
+ * rank's barriers stay in step. Not FLAG: a peer may still read this rank's FLAG of the last
+ * forward after that forward's second barrier (BAD is read only before a pass's second
+ * barrier, and written only after the previous pass's second). Returns rc, message kept. */
 mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
@@ -316,10 +335,15 @@ mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st)
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   l->gpu->fwd_valid = 0;
-  if (ep_window_bases(l, off, base) == mokSuccess &&
+  /* (on the legacy stream a loopback peer's barrier could wait behind ours: a stream of its own) */
+  cudaStream_t own = NULL;
+  if ((st == 0 || st == cudaStreamLegacy) && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
+    st = own;
+  if (ep_window_bases(l, off, base) == mokSuccess && order_after_last_pass(l, st, "mokLayerForward") == mokSuccess &&
       cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st) == cudaSuccess &&
       ep_barrier(l, st) == mokSuccess)
     ep_barrier(l, st);
+  if (own) cudaStreamDestroy(own); /* (its work completes first) */
   cudaGetLastError();
   return mok_error(l, rc, "%s", msg);
 }
@@ -394,6 +418,8 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   MOK_CHECK(mok_ep_push_launch(&p, st));
   if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
   MOK_CHECK(ep_barrier(l, st));
+  /* every rank's pass flag (a rank whose rows overflowed its capacity pushed nothing) */
+  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_FLAG, device_only ? rows.error_word : NULL, rank, st));
   mok_lg_prof_mark(g, "push", st);
   /* 6. the combine from this rank's COMB */
   if (T)
@@ -414,6 +440,13 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
 mokResult_t mok_lg_mega_backward_check(mokLayer_t l, cudaStream_t st) {
   static const char fn[] = "mokLayerBackward";
   struct mok_gpu_layer *g = l->gpu;
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(st, &cs) != cudaSuccess || cs != cudaStreamCaptureStatusNone) {
+    cudaGetLastError();
+    return mok_error(l, mokInvalidUsage, "%s: mokImplMega with the shared expert on cuBLAS (s_up not right after "
+                     "s_gate) reads the forward's flag on the host: its backward cannot be captured in a CUDA graph; "
+                     "keep [s_gate | s_up] in one allocation", fn);
+  }
   CUDA_CHECK(l, cudaMemcpyAsync(g->h_cnt, g->d_bad, sizeof(int32_t), cudaMemcpyDeviceToHost, st)); /* (pinned) */
   CUDA_CHECK(l, cudaStreamSynchronize(st));
   if (g->h_cnt[0]) {
@@ -525,16 +558,9 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
    * mok_lg_mega_ep_refuse; where no host exchanged refusals, every rank then writes nothing) */
   CUDA_CHECK(l, cudaMemsetAsync(me + off[MOK_EP_BAD], 0, sizeof(int32_t), st));
   MOK_CHECK(ep_barrier(l, st));
-  mokEpFlags_t f;
-  memset(&f, 0, sizeof f);
-  f.num_ranks = N, f.rank = rank, f.flag = g->d_bad;
-  for (int q = 0; q < N; q++) f.bad[q] = (const int32_t *)(base[q] + off[MOK_EP_BAD]);
-  if (g->ep_recv_cap) {
-    mokGemmRows_t er;
-    MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
-    f.error_word = er.error_word;
-  }
-  MOK_CHECK(mok_ep_any_bad_launch(&f, st));
+  mokGemmRows_t er;
+  MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
+  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_BAD, g->ep_recv_cap ? er.error_word : NULL, rank, st));
   mokEpPull_t p;
   memset(&p, 0, sizeof p);
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;

@@ -267,7 +267,7 @@ __global__ void __launch_bounds__(1024, 1) k_ep_segments(mokEpSchedule_t s) {
     s.expert_offset[El] = (int32_t)rows;
     *s.flag = rows > s.capacity ? 2 : 0;
     if (rows > s.capacity && s.error_word)
-      atomicCAS(s.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED, s.rank, -1));
+      atomicCAS(s.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_CAPACITY, s.rank, (uint32_t)rows));
   }
 }
 

@@ -84,8 +84,9 @@ typedef struct mokEpSchedule {
   int32_t *flag;          /* [1] out: 0, 1 = a source refused its input, 2 = rows > capacity;
                              then row_route is not written */
   unsigned long long *error_word; /* or NULL: a nonzero flag also records MOK_ERRWORD(INPUT,
-                                     MOK_WAIT_EP_REFUSED, rank, the first refusing source or -1)
-                                     there (no host reads the flag: mokLayerSetRecvCapacity) */
+                                     MOK_WAIT_EP_REFUSED, rank, the first refusing source) or
+                                     (INPUT, MOK_WAIT_EP_CAPACITY, rank, rows) there (no host
+                                     reads the flag: mokLayerSetRecvCapacity) */
 } mokEpSchedule_t;
 /* Two launches on `stream`; validates its arguments (mokInvalidArgument, nothing launched). */
 mokResult_t mok_schedule_ep_launch(const mokEpSchedule_t *s, cudaStream_t stream);

@@ -584,54 +584,100 @@ MOK_GPU_TEST(layer_mega_loopback_passes_in_cuda_graph, 1) {
   free(c), free(a);
 }
 
-/* With a receive capacity, a rank that refuses its forward (x a host pointer) returns its
- * error at once; its peer's forward returns mokSuccess, writes nothing, and its communicator
- * reports mokDeviceError naming the refusal; nobody waits on the host. */
+/* With a receive capacity no host exchanges refusals; they go through the device:
+ *  - a rank that refuses its forward (x a host pointer) or its backward (d_out a host
+ *    pointer) returns its error at once; its peer's call returns mokSuccess, writes nothing
+ *    (out, or d_x and d_topk_w) and its communicator reports mokDeviceError naming the
+ *    refusal; the refusing rank's own communicator has no error (no barrier of it timed out);
+ *  - a routing that sends a rank more rows than its capacity (every route on one expert,
+ *    capacity 200 routes): every rank's forward and backward return mokSuccess, write
+ *    nothing, and every communicator reports mokDeviceError. */
 typedef struct {
   gpu_case *c;
-  mokResult_t fwd[MAXR], async[MAXR];
-  mokBf16 out0[MAXR];
+  int which; /* 0: rank 1 refuses its forward, 1: its backward */
+  mokResult_t rc[MAXR], async[MAXR];
+  int written[MAXR];
 } refuse_arg;
+
+static int any_not(const void *d, size_t bytes, unsigned char v) {
+  unsigned char *h = malloc(bytes + 1);
+  int bad = 0;
+  cudaMemcpy(h, d, bytes, cudaMemcpyDeviceToHost);
+  for (size_t i = 0; i < bytes && !bad; i++) bad = h[i] != v;
+  free(h);
+  return bad;
+}
 
 static mokResult_t rank_refuse_dev(mokComm_t comm, int s, void *arg) {
   refuse_arg *a = arg;
   gpu_case *c = a->c;
-  cudaStream_t st;
+  const size_t th = 2 * (size_t)c->T[s] * c->cfg.hidden, tk = 4 * (size_t)c->T[s] * c->cfg.topk;
+  cudaStream_t st; /* (non-blocking: the other rank's legacy-stream calls never wait for it) */
   cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
-  cudaMemsetAsync(c->out_d[s], 0x77, 2 * (size_t)c->T[s] * c->cfg.hidden, st);
   mokRankInput_t in = c->din[s];
-  if (s == 1) in.x = c->in[s].x; /* a host pointer: refused on the host */
-  a->fwd[s] = mokLayerForward(c->layer[s], mokImplMega, &in, &c->dw[s], c->out_d[s], st);
+  if (a->which == 0) {
+    cudaMemsetAsync(c->out_d[s], 0x77, th, st);
+    if (s == 1) in.x = c->in[s].x; /* a host pointer: refused on the host */
+    a->rc[s] = mokLayerForward(c->layer[s], mokImplMega, &in, &c->dw[s], c->out_d[s], st);
+  } else {
+    a->rc[s] = mokLayerForward(c->layer[s], mokImplMega, &in, &c->dw[s], c->out_d[s], st);
+    cudaMemsetAsync(c->dg[s].d_x, 0x77, th, st);
+    cudaMemsetAsync(c->dg[s].d_topk_w, 0x77, tk, st);
+    const mokBf16 *dout = s == 1 ? c->dout[s] : c->dout_d[s]; /* rank 1: a host pointer */
+    if (a->rc[s] == mokSuccess) a->rc[s] = mokLayerBackward(c->layer[s], mokImplMega, &in, &c->dw[s], dout, &c->dg[s], st);
+  }
   cudaStreamSynchronize(st);
-  cudaMemcpy(&a->out0[s], c->out_d[s], 2, cudaMemcpyDeviceToHost);
+  a->written[s] = a->which == 0 ? any_not(c->out_d[s], th, 0x77)
+                                : any_not(c->dg[s].d_x, th, 0x77) || any_not(c->dg[s].d_topk_w, tk, 0x77);
   a->async[s] = mokSuccess;
   mokCommGetAsyncError(comm, &a->async[s]);
   cudaStreamDestroy(st);
   return mokSuccess;
 }
 
-MOK_GPU_TEST(layer_mega_recv_capacity_refusal_loopback, 1) {
+static void refusal_case(test_ctx *t, int which) {
   mokComm_t comms[MAXR] = {0};
   CHECK_MSG(mok_comm_create_loopback(2, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
   if (t->failed) return;
   gpu_case *c = calloc(1, sizeof *c);
-  CHECK(case_init(c, 2, RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ 0xdead));
+  CHECK(case_init(c, 2, which == 2 ? RT_ONE_EXPERT : RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ (0xdead + which)));
   c->impl = mokImplMega;
-  c->recv_cap = 2LL * c->cfg.max_tokens * c->cfg.topk;
-  CHECK_MSG(mokLocalRun(2, comms, rank_run, c) == mokSuccess, "eager passes: %s", mokGetLastError());
-  refuse_arg *a = calloc(1, sizeof *a);
-  a->c = c;
-  if (!t->failed) mokLocalRun(2, comms, rank_refuse_dev, a);
-  CHECK_MSG(a->fwd[1] == mokInvalidArgument, "the refusing rank gave %s", mokGetErrorName(a->fwd[1]));
-  CHECK_MSG(a->fwd[0] == mokSuccess, "its peer gave %s (no host exchange: it learns on the device)",
-            mokGetErrorName(a->fwd[0]));
-  CHECK_MSG(a->out0[0] == 0x7777, "the peer wrote its output (%04x)", a->out0[0]);
-  CHECK_MSG(a->async[0] == mokDeviceError, "the peer's async error: %s", mokGetErrorName(a->async[0]));
-  CHECK(strstr(mokCommGetLastError(comms[0]), "refused") != NULL);
+  c->recv_cap = which == 2 ? 200 : 2LL * c->cfg.max_tokens * c->cfg.topk;
+  const mokResult_t eager = t->failed ? mokInternalError : mokLocalRun(2, comms, rank_run, c);
+  CHECK_MSG(eager == mokSuccess, "eager passes: %s", mokGetLastError());
+  if (which == 2 && !t->failed) { /* the overflowing pass was rank_run's (its outputs still poisoned) */
+    for (int s = 0; s < 2; s++) {
+      const size_t th = 2 * (size_t)c->T[s] * c->cfg.hidden;
+      mokResult_t async = mokSuccess;
+      CHECK_OK(mokCommGetAsyncError(comms[s], &async));
+      CHECK_MSG(async == mokDeviceError, "rank %d: async %s after an overflow", s, mokGetErrorName(async));
+      CHECK_MSG(!any_not(c->out_d[s], th, 0xff) && !any_not(c->dg[s].d_x, th, 0xff),
+                "rank %d wrote out or d_x after an overflow", s);
+    }
+    CHECK(strstr(mokCommGetLastError(comms[1]), "capacity") != NULL);
+  } else if (!t->failed) {
+    refuse_arg *a = calloc(1, sizeof *a);
+    a->c = c, a->which = which;
+    mokLocalRun(2, comms, rank_refuse_dev, a);
+    const char *pass = which ? "backward" : "forward";
+    CHECK_MSG(a->rc[1] == mokInvalidArgument, "%s: the refusing rank gave %s", pass, mokGetErrorName(a->rc[1]));
+    CHECK_MSG(a->rc[0] == mokSuccess, "%s: its peer gave %s (no host exchange: it learns on the device)", pass,
+              mokGetErrorName(a->rc[0]));
+    CHECK_MSG(!a->written[0], "%s: the peer wrote its outputs after the refusal", pass);
+    CHECK_MSG(a->async[0] == mokDeviceError, "%s: the peer's async error: %s", pass, mokGetErrorName(a->async[0]));
+    CHECK_MSG(a->async[1] == mokSuccess, "%s: the refusing rank's async error: %s (a barrier out of step?)", pass,
+              mokGetErrorName(a->async[1]));
+    CHECK(strstr(mokCommGetLastError(comms[0]), "refused") != NULL);
+    free(a);
+  }
   mokLocalRun(2, comms, rank_free, c);
   mokLocalCommsDestroy(2, comms);
   case_free(c);
-  free(c), free(a);
+  free(c);
+}
+
+MOK_GPU_TEST(layer_mega_recv_capacity_refusal_loopback, 1) {
+  for (int which = 0; which < 3 && !t->failed; which++) refusal_case(t, which);
 }
 
 /* grads.accumulate = 1 (fp32 gradients): each impl adds its weight gradients to what the
