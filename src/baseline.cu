@@ -427,6 +427,7 @@ void mok_gpu_layer_free(struct mokLayer *l) {
   cudaFree(g->d_ep_scratch);
   cudaFree(g->d_ep_rowtok);
   cudaFree((void *)g->d_xsrc);
+  cudaFree(g->d_status);
   free(g);
   l->gpu = NULL;
   if (prev >= 0) cudaSetDevice(prev);
@@ -510,7 +511,9 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   }
   if (N > 1 && (cudaMalloc((void **)&g->d_ep_scratch, 4 * (size_t)mok_schedule_local_scratch((int)E)) != cudaSuccess ||
                 cudaMalloc((void **)&g->d_ep_rowtok, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
-                cudaMalloc((void **)&g->d_xsrc, sizeof(void *) * (size_t)N) != cudaSuccess)) {
+                cudaMalloc((void **)&g->d_xsrc, sizeof(void *) * (size_t)N) != cudaSuccess ||
+                cudaMalloc((void **)&g->d_status, sizeof(unsigned long long)) != cudaSuccess ||
+                cudaMemset(g->d_status, 0, sizeof(unsigned long long)) != cudaSuccess)) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
   }
@@ -1245,6 +1248,41 @@ extern "C" mokResult_t mokLayerSetRecvCapacity(mokLayer_t l, int64_t routes) {
   if (ar != mokSuccess) return mok_error(l, ar, "%s", mokGetLastError());
   l->gpu->ep_recv_cap = routes ? (routes + El * (P - 1) + P - 1) / P * P : 0;
   l->gpu->fwd_valid = 0; /* (a backward runs the protocol of its forward: it needs a forward again) */
+  return mokSuccess;
+}
+
+extern "C" mokResult_t mokLayerGetAsyncError(mokLayer_t l, mokResult_t *status) {
+  static const char fn[] = "mokLayerGetAsyncError";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!status) return mok_error(l, mokInvalidArgument, "%s: status is NULL", fn);
+  *status = mokSuccess;
+  if (!l->gpu || !l->gpu->d_status) return mokSuccess; /* (host only, or one rank: nothing is recorded here) */
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(l->gpu->device);
+  /* (a stream of its own: neither the legacy stream nor the caller's waits for it or it for them) */
+  cudaStream_t own = NULL;
+  unsigned long long w = 0;
+  const unsigned long long zero = 0;
+  cudaError_t e = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&w, l->gpu->d_status, sizeof w, cudaMemcpyDeviceToHost, own);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(own);
+  if (e == cudaSuccess && w) e = cudaMemcpyAsync(l->gpu->d_status, &zero, sizeof zero, cudaMemcpyHostToDevice, own);
+  if (e == cudaSuccess) e = cudaStreamSynchronize(own);
+  if (own) cudaStreamDestroy(own);
+  if (prev >= 0) cudaSetDevice(prev);
+  if (e != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokCudaError, "%s: reading the layer's status word failed: %s", fn, cudaGetErrorString(e));
+  }
+  if (w) {
+    char text[MOK_ERRMSG_LEN];
+    mok_errword_text(w, text, sizeof text);
+    *status = mokDeviceError;
+    mok_error(l, mokDeviceError, "%s: a pass was refused on the device and wrote nothing: %s", fn, text);
+    mok_clear_error(); /* (the call itself succeeded; the layer's last error keeps the text) */
+  }
   return mokSuccess;
 }
 

@@ -656,6 +656,13 @@ static const char *where_name(unsigned what) {
   return "detail";
 }
 
+extern "C" void mok_errword_text(unsigned long long w, char *buf, size_t n) {
+  const unsigned kind = MOK_ERRWORD_KIND(w), what = MOK_ERRWORD_WHAT(w);
+  snprintf(buf, n, "rank %d: %s in %s, %s %u", MOK_ERRWORD_RANK(w),
+           kind == MOK_DEVERR_TIMEOUT ? "timed out" : kind == MOK_DEVERR_INPUT ? "bad device input" : "internal error",
+           wait_name(what), where_name(what), MOK_ERRWORD_WHERE(w));
+}
+
 extern "C" mokResult_t mokCommGetAsyncError(mokComm_t comm, mokResult_t *status) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommGetAsyncError: comm is NULL");

@@ -108,6 +108,8 @@ enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
 #define MOK_ERRWORD_WHERE(w) ((uint32_t)((w) >> 32))
 
 /* ---- host helpers (src/comm.cu) ------------------------------------------------- */
+/* An error word in words: "rank r: <kind> in <wait>, <where> <n>". */
+void mok_errword_text(unsigned long long word, char *buf, size_t n);
 /* [OUT] dev: the device view of comm (see mokCommDev). */
 mokResult_t mok_comm_device_view(mokComm_t comm, mokCommDev *dev);
 /* The raw error word (0 = none) of this rank, read without waiting for kernels in

@@ -59,6 +59,10 @@ unsigned grid_of(int64_t items, int per_cta) {
 }
 
 __global__ void k_ep_any_bad(mokEpFlags_t f) {
+  if (f.comm_error && *(const volatile unsigned long long *)f.comm_error) {
+    *f.flag = 1;
+    return;
+  }
   for (int q = 0; q < f.num_ranks; ++q)
     if (*(const volatile int32_t *)f.bad[q]) {
       *f.flag = 1;

@@ -66,7 +66,8 @@ typedef struct mokEpFlags {
   int num_ranks, rank;
   const int32_t *bad[MOK_SCHEDULE_EP_MAX_RANKS]; /* each source's refusal flag (its window) */
   int32_t *flag;                                 /* [1] this rank's pass flag (or'ed into) */
-  unsigned long long *error_word;                /* or NULL */
+  unsigned long long *error_word;                /* or NULL (the layer's status word) */
+  const unsigned long long *comm_error;          /* or NULL: nonzero = *flag |= 1, nothing recorded */
 } mokEpFlags_t;
 mokResult_t mok_ep_any_bad_launch(const mokEpFlags_t *f, cudaStream_t stream);
 /* dst[i] = src[i] for i < n, unless *flag is nonzero (then nothing is written). */

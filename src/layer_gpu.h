@@ -94,6 +94,8 @@ struct mok_gpu_layer {
   const mokBf16 **d_xsrc;
   const mokBf16 *xsrc[MOK_GEMM_MAX_SOURCES]; /* what d_xsrc holds (written when the window moved) */
   int xsrc_n;                                /* its entries; 0 = not written yet */
+  unsigned long long *d_status; /* N > 1: the first refusal of a pass no host saw (device-only
+                                   mode; mokLayerGetAsyncError reads and clears it) */
   int64_t ep_recv_cap;   /* mokLayerSetRecvCapacity: 0, or the rows the row buffers hold (the
                             routes plus every expert's padding): no host read, no host exchange */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its

@@ -210,12 +210,15 @@ static mokResult_t order_after_last_pass(mokLayer_t l, cudaStream_t st, const ch
 __global__ void k_copy_flag(const int32_t *src, int32_t *dst) { *dst = *(const volatile int32_t *)src; }
 
 /* *d_bad |= any rank's flag at offset `which` of its window (FLAG in the forward, BAD in the
- * backward), recording which in error_word where not NULL. */
+ * backward), recording which in error_word where not NULL; and |= 1 where the comm has an
+ * error (a barrier timed out somewhere: nothing this pass computes can be trusted). */
 static mokResult_t ep_any_flag(mokLayer_t l, const size_t *off, char *const *base, int which,
-                               unsigned long long *error_word, int rank, cudaStream_t st) {
+                               unsigned long long *error_word, const unsigned long long *comm_error, int rank,
+                               cudaStream_t st) {
   mokEpFlags_t f;
   memset(&f, 0, sizeof f);
   f.num_ranks = l->cfg.num_ranks, f.rank = rank, f.flag = l->gpu->d_bad, f.error_word = error_word;
+  f.comm_error = comm_error;
   for (int q = 0; q < f.num_ranks; q++) f.bad[q] = (const int32_t *)(base[q] + off[which]);
   return mok_ep_any_bad_launch(&f, st);
 }
@@ -226,7 +229,8 @@ static mokResult_t ep_any_flag(mokLayer_t l, const size_t *off, char *const *bas
  * in stage A, where the host reads the flags: a bad id then sets only this source's BAD).
  * Ends with the pass flag (d_bad) published in FLAG for every rank's combine. */
 static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, const size_t *off, char *const *base,
-                                       int rank, int64_t capacity, unsigned long long *error_word, cudaStream_t st) {
+                                       int rank, int64_t capacity, unsigned long long *error_word,
+                                       const unsigned long long *comm_error, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
   const int N = c->num_ranks, E = c->num_experts, El = l->local_experts, H = c->hidden, k = c->topk;
@@ -255,7 +259,7 @@ static mokResult_t ep_send_and_compose(mokLayer_t l, const mokRankInput_t *in, c
   }
   es.capacity = capacity;
   es.expert_count = g->d_seg, es.expert_offset = g->d_seg + El, es.src_count = g->d_cnt_all;
-  es.row_route = g->d_row_tok, es.flag = g->d_bad, es.error_word = error_word;
+  es.row_route = g->d_row_tok, es.flag = g->d_bad, es.error_word = error_word, es.comm_error = comm_error;
   MOK_CHECK(mok_schedule_ep_launch(&es, st));
   k_copy_flag<<<1, 1, 0, st>>>(g->d_bad, (int32_t *)(me + off[MOK_EP_FLAG]));
   CUDA_CHECK(l, cudaGetLastError());
@@ -375,12 +379,15 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
     if (ar != mokSuccess) return mok_lg_mega_ep_refuse(l, ar, st);
     mokGemmRows_t er;
     MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
-    MOK_CHECK(ep_send_and_compose(l, in, off, base, rank, g->cap, er.error_word, st));
+    MOK_CHECK(ep_send_and_compose(l, in, off, base, rank, g->cap, g->d_status, er.error_word, st));
   } else {
     /* stage A: steps 1-3 end in an exchange of whether each rank got through them, so that
      * a rank that fails in one never leaves its peers in a host collective (a failed barrier
      * launch still makes theirs time out: the communicator then reports it) */
-    if (ar == mokSuccess) ar = ep_send_and_compose(l, in, off, base, rank, l->sched_capacity, NULL, st);
+    mokGemmRows_t er;
+    if (ar == mokSuccess) ar = mok_lg_gemm_rows(l, El, l->sched_capacity, g->d_seg, &er);
+    if (ar == mokSuccess)
+      ar = ep_send_and_compose(l, in, off, base, rank, l->sched_capacity, NULL, er.error_word, st);
     if (ar == mokSuccess) ar = ep_read_rows(l, base[rank], off, st);
     if (ar == mokSuccess && g->h_cnt[1] == 2) /* (cannot happen: the capacity is the worst routing's) */
       ar = mok_error(l, mokInternalError, "%s: rank %d: the expert-parallel schedule's rows exceed its capacity %lld",
@@ -419,7 +426,7 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
   MOK_CHECK(ep_barrier(l, st));
   /* every rank's pass flag (a rank whose rows overflowed its capacity pushed nothing) */
-  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_FLAG, device_only ? rows.error_word : NULL, rank, st));
+  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_FLAG, device_only ? g->d_status : NULL, rows.error_word, rank, st));
   mok_lg_prof_mark(g, "push", st);
   /* 6. the combine from this rank's COMB */
   if (T)
@@ -560,7 +567,7 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   MOK_CHECK(ep_barrier(l, st));
   mokGemmRows_t er;
   MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
-  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_BAD, g->ep_recv_cap ? er.error_word : NULL, rank, st));
+  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_BAD, g->ep_recv_cap ? g->d_status : NULL, er.error_word, rank, st));
   mokEpPull_t p;
   memset(&p, 0, sizeof p);
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;

@@ -236,12 +236,13 @@ __global__ void __launch_bounds__(1024, 1) k_ep_segments(mokEpSchedule_t s) {
     refused = 0;
     for (int q = N - 1; q >= 0; --q)
       if (s.bad[q] && *(const volatile int32_t *)s.bad[q]) refused = q + 1;
+    if (!refused && s.comm_error && *(const volatile unsigned long long *)s.comm_error) refused = -1;
   }
   __syncthreads();
   if (refused) {
     if (threadIdx.x == 0) {
       *s.flag = 1;
-      if (s.error_word)
+      if (s.error_word && refused > 0) /* (a comm error is the comm's to report) */
         atomicCAS(s.error_word, 0ull, MOK_ERRWORD(MOK_DEVERR_INPUT, MOK_WAIT_EP_REFUSED, s.rank, refused - 1));
     }
     return;

@@ -86,7 +86,10 @@ typedef struct mokEpSchedule {
   unsigned long long *error_word; /* or NULL: a nonzero flag also records MOK_ERRWORD(INPUT,
                                      MOK_WAIT_EP_REFUSED, rank, the first refusing source) or
                                      (INPUT, MOK_WAIT_EP_CAPACITY, rank, rows) there (no host
-                                     reads the flag: mokLayerSetRecvCapacity) */
+                                     reads the flag: mokLayerSetRecvCapacity; the layer's
+                                     status word, not the comm's, so barriers stay exact) */
+  const unsigned long long *comm_error; /* or NULL: the comm's error word; nonzero (a timeout
+                                     somewhere) = flag 1, nothing read from the sources */
 } mokEpSchedule_t;
 /* Two launches on `stream`; validates its arguments (mokInvalidArgument, nothing launched). */
 mokResult_t mok_schedule_ep_launch(const mokEpSchedule_t *s, cudaStream_t stream);

@@ -178,7 +178,7 @@ mok_pass_shape mok_shape_mega_rows(const mokConfig_t *c, int64_t tokens, int sha
 
 size_t mok_layout_ep_window(const mokConfig_t *c, size_t off[MOK_EP_NUM]) {
   const size_t E = (size_t)c->num_experts, Q = (size_t)c->max_tokens * c->topk, H = (size_t)c->hidden;
-  const size_t bytes[MOK_EP_NUM] = {4 * E, 4 * (E + 1), 4, 4, 4 * Q, 2 * (size_t)c->max_tokens * H, 4 * Q, 4 * Q,
+  const size_t bytes[MOK_EP_NUM] = {4, 4, 4 * E, 4 * (E + 1), 4 * Q, 2 * (size_t)c->max_tokens * H, 4 * Q, 4 * Q,
                                     2 * Q * H};
   size_t o = 0;
   for (int i = 0; i < MOK_EP_NUM; i++) {

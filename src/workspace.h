@@ -97,14 +97,15 @@ size_t mok_scratch_need(const mokConfig_t *c, const mok_pass_shape *p);
 mok_pass_shape mok_shape_mega(const mokConfig_t *c, int64_t tokens, int shared_in);
 mok_pass_shape mok_shape_spread(const mokConfig_t *c, mokImpl_t impl, int64_t tokens, int64_t recv, int worst);
 /* mokImplMega at N > 1 (stage A): what peers read or write in the communicator's symmetric
- * workspace, at the same offsets on every rank (baseline.cu, mega_ep_forward): CNT [E],
- * OFF [E + 1], BAD [1] int32 (the send order's counts, first positions, refusal flag), FLAG
- * [1] int32 (the forward's pass flag as this rank's schedule left it: every rank ors all of
- * them before its combine), ORD
+ * workspace (baseline.cu, layer_mega.cu): first BAD [1] and FLAG [1] int32 at offsets that do
+ * not depend on the config (0 and 256: a peer may read FLAG after a pass's second barrier,
+ * when this rank may already write the next layer's regions, whatever that layer's shape):
+ * BAD this rank's refusal of its pass, FLAG the forward's pass flag as its schedule left it;
+ * then CNT [E], OFF [E + 1] int32 (the send order's counts and first positions), ORD
  * [T_max k] int32 (the send order), X [T_max, H] bf16 (tokens; the backward's d_out), W and
  * DW [T_max k] f32 (topk_w, d_topk_w), COMB [T_max k, H] bf16 (y or dX of each route, slot
  * t k + j); each 256-byte aligned. Returns the bytes; off (or NULL) gets the offsets. */
-enum { MOK_EP_CNT, MOK_EP_OFF, MOK_EP_BAD, MOK_EP_FLAG, MOK_EP_ORD, MOK_EP_X, MOK_EP_W, MOK_EP_DW, MOK_EP_COMB,
+enum { MOK_EP_BAD, MOK_EP_FLAG, MOK_EP_CNT, MOK_EP_OFF, MOK_EP_ORD, MOK_EP_X, MOK_EP_W, MOK_EP_DW, MOK_EP_COMB,
        MOK_EP_NUM };
 size_t mok_layout_ep_window(const mokConfig_t *c, size_t off[MOK_EP_NUM]);
 /* mokImplMega's forward at N > 1 that received `rows` padded rows (shape of its buffers). */

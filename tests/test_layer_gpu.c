@@ -586,16 +586,19 @@ MOK_GPU_TEST(layer_mega_loopback_passes_in_cuda_graph, 1) {
 
 /* With a receive capacity no host exchanges refusals; they go through the device:
  *  - a rank that refuses its forward (x a host pointer) or its backward (d_out a host
- *    pointer) returns its error at once; its peer's call returns mokSuccess, writes nothing
- *    (out, or d_x and d_topk_w) and its communicator reports mokDeviceError naming the
- *    refusal; the refusing rank's own communicator has no error (no barrier of it timed out);
+ *    pointer) returns its error at once; its peer's call returns mokSuccess and writes
+ *    nothing (out, or d_x and d_topk_w), and its layer's mokLayerGetAsyncError reports
+ *    mokDeviceError naming the refusal (the refusing rank's layer reports nothing); no
+ *    communicator has an error (every barrier stayed in step);
  *  - a routing that sends a rank more rows than its capacity (every route on one expert,
  *    capacity 200 routes): every rank's forward and backward return mokSuccess, write
- *    nothing, and every communicator reports mokDeviceError. */
+ *    nothing, and every layer reports mokDeviceError (the overflowing rank: "capacity").
+ * Then, the capacity raised to N T_max k where it overflowed, a pass on the same layers and
+ * communicators matches the reference (the comms stayed usable). */
 typedef struct {
   gpu_case *c;
   int which; /* 0: rank 1 refuses its forward, 1: its backward */
-  mokResult_t rc[MAXR], async[MAXR];
+  mokResult_t rc[MAXR], layer_async[MAXR], comm_async[MAXR];
   int written[MAXR];
 } refuse_arg;
 
@@ -629,51 +632,82 @@ static mokResult_t rank_refuse_dev(mokComm_t comm, int s, void *arg) {
   cudaStreamSynchronize(st);
   a->written[s] = a->which == 0 ? any_not(c->out_d[s], th, 0x77)
                                 : any_not(c->dg[s].d_x, th, 0x77) || any_not(c->dg[s].d_topk_w, tk, 0x77);
-  a->async[s] = mokSuccess;
-  mokCommGetAsyncError(comm, &a->async[s]);
+  a->layer_async[s] = a->comm_async[s] = mokInternalError;
+  mokLayerGetAsyncError(c->layer[s], &a->layer_async[s]);
+  mokCommGetAsyncError(comm, &a->comm_async[s]);
   cudaStreamDestroy(st);
   return mokSuccess;
 }
 
+/* The overflow case's aftermath on every rank, then (all cases) a good pass with outputs
+ * poisoned first: out, d_x, d_topk_w and d_w_down must be rewritten (check_case compares). */
+static mokResult_t rank_after_refusal(mokComm_t comm, int s, void *arg) {
+  refuse_arg *a = arg;
+  gpu_case *c = a->c;
+  if (a->which == 2) {
+    const size_t th = 2 * (size_t)c->T[s] * c->cfg.hidden;
+    a->written[s] = any_not(c->out_d[s], th, 0xff) || any_not(c->dg[s].d_x, th, 0xff);
+    a->layer_async[s] = a->comm_async[s] = mokInternalError;
+    mokLayerGetAsyncError(c->layer[s], &a->layer_async[s]);
+    mokCommGetAsyncError(comm, &a->comm_async[s]);
+    a->rc[s] = mokLayerSetRecvCapacity(c->layer[s], 2LL * c->cfg.max_tokens * c->cfg.topk); /* (collective) */
+    if (a->rc[s] != mokSuccess) return a->rc[s];
+  }
+  void *ptr[4];
+  size_t bytes[4];
+  rank_outputs(c, s, ptr, bytes);
+  cudaStream_t st;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
+  for (int q = 0; q < 4; q++)
+    if (bytes[q]) cudaMemsetAsync(ptr[q], 0xff, bytes[q], st);
+  mokResult_t rc = mokLayerForward(c->layer[s], mokImplMega, &c->din[s], &c->dw[s], c->out_d[s], st);
+  if (rc == mokSuccess)
+    rc = mokLayerBackward(c->layer[s], mokImplMega, &c->din[s], &c->dw[s], c->dout_d[s], &c->dg[s], st);
+  cudaStreamSynchronize(st);
+  cudaStreamDestroy(st);
+  return rc;
+}
+
 static void refusal_case(test_ctx *t, int which) {
+  static const char *label[3] = {"forward refused", "backward refused", "capacity overflow"};
   mokComm_t comms[MAXR] = {0};
   CHECK_MSG(mok_comm_create_loopback(2, 0, NULL, comms) == mokSuccess, "%s", mokGetLastError());
   if (t->failed) return;
   gpu_case *c = calloc(1, sizeof *c);
+  refuse_arg *a = calloc(1, sizeof *a);
   CHECK(case_init(c, 2, which == 2 ? RT_ONE_EXPERT : RT_RANDOM, 0.f, mokDtypeBF16, test_seed() ^ (0xdead + which)));
   c->impl = mokImplMega;
   c->recv_cap = which == 2 ? 200 : 2LL * c->cfg.max_tokens * c->cfg.topk;
+  a->c = c, a->which = which;
   const mokResult_t eager = t->failed ? mokInternalError : mokLocalRun(2, comms, rank_run, c);
-  CHECK_MSG(eager == mokSuccess, "eager passes: %s", mokGetLastError());
-  if (which == 2 && !t->failed) { /* the overflowing pass was rank_run's (its outputs still poisoned) */
-    for (int s = 0; s < 2; s++) {
-      const size_t th = 2 * (size_t)c->T[s] * c->cfg.hidden;
-      mokResult_t async = mokSuccess;
-      CHECK_OK(mokCommGetAsyncError(comms[s], &async));
-      CHECK_MSG(async == mokDeviceError, "rank %d: async %s after an overflow", s, mokGetErrorName(async));
-      CHECK_MSG(!any_not(c->out_d[s], th, 0xff) && !any_not(c->dg[s].d_x, th, 0xff),
-                "rank %d wrote out or d_x after an overflow", s);
-    }
-    CHECK(strstr(mokCommGetLastError(comms[1]), "capacity") != NULL);
-  } else if (!t->failed) {
-    refuse_arg *a = calloc(1, sizeof *a);
-    a->c = c, a->which = which;
+  CHECK_MSG(eager == mokSuccess, "%s: first passes: %s", label[which], mokGetLastError());
+  if (!t->failed && which < 2) {
     mokLocalRun(2, comms, rank_refuse_dev, a);
-    const char *pass = which ? "backward" : "forward";
-    CHECK_MSG(a->rc[1] == mokInvalidArgument, "%s: the refusing rank gave %s", pass, mokGetErrorName(a->rc[1]));
-    CHECK_MSG(a->rc[0] == mokSuccess, "%s: its peer gave %s (no host exchange: it learns on the device)", pass,
+    CHECK_MSG(a->rc[1] == mokInvalidArgument, "%s: the refusing rank gave %s", label[which], mokGetErrorName(a->rc[1]));
+    CHECK_MSG(a->rc[0] == mokSuccess, "%s: its peer gave %s (no host exchange: it learns on the device)", label[which],
               mokGetErrorName(a->rc[0]));
-    CHECK_MSG(!a->written[0], "%s: the peer wrote its outputs after the refusal", pass);
-    CHECK_MSG(a->async[0] == mokDeviceError, "%s: the peer's async error: %s", pass, mokGetErrorName(a->async[0]));
-    CHECK_MSG(a->async[1] == mokSuccess, "%s: the refusing rank's async error: %s (a barrier out of step?)", pass,
-              mokGetErrorName(a->async[1]));
-    CHECK(strstr(mokCommGetLastError(comms[0]), "refused") != NULL);
-    free(a);
+    CHECK_MSG(!a->written[0], "%s: the peer wrote its outputs", label[which]);
+    CHECK_MSG(a->layer_async[0] == mokDeviceError && a->layer_async[1] == mokSuccess,
+              "%s: layers' async errors %s / %s", label[which], mokGetErrorName(a->layer_async[0]),
+              mokGetErrorName(a->layer_async[1]));
+    CHECK(strstr(mokLayerGetLastError(c->layer[0]), "refused") != NULL);
   }
-  mokLocalRun(2, comms, rank_free, c);
+  const mokResult_t again = t->failed ? mokInternalError : mokLocalRun(2, comms, rank_after_refusal, a);
+  if (which == 2) {
+    CHECK_MSG(!a->written[0] && !a->written[1], "%s: a rank wrote out or d_x", label[which]);
+    CHECK_MSG(a->layer_async[0] == mokDeviceError && a->layer_async[1] == mokDeviceError, "%s: layers' async errors "
+              "%s / %s", label[which], mokGetErrorName(a->layer_async[0]), mokGetErrorName(a->layer_async[1]));
+    CHECK(strstr(mokLayerGetLastError(c->layer[1]), "capacity") != NULL);
+  }
+  for (int s = 0; s < 2; s++)
+    CHECK_MSG(a->comm_async[s] == mokSuccess, "%s: rank %d's comm has %s (a barrier out of step?)",
+              label[which], s, mokGetErrorName(a->comm_async[s]));
+  CHECK_MSG(again == mokSuccess, "%s: the pass after it: %s", label[which], mokGetLastError());
+  if (again == mokSuccess) check_case(t, comms, c, label[which]); /* (frees the ranks' data) */
+  else mokLocalRun(2, comms, rank_free, c);
   mokLocalCommsDestroy(2, comms);
   case_free(c);
-  free(c);
+  free(c), free(a);
 }
 
 MOK_GPU_TEST(layer_mega_recv_capacity_refusal_loopback, 1) {

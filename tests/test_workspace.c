@@ -101,7 +101,7 @@ MOK_TEST(workspace_layouts_fit_every_path) {
 }
 
 /* mokImplMega's window at N > 1 (mok_layout_ep_window): every region 256-byte aligned, in
- * order, each at least its bytes (CNT [E], OFF [E + 1], BAD, FLAG, ORD [T_max k] int32; X
+ * order, each at least its bytes (BAD, FLAG at fixed offsets, CNT [E], OFF [E + 1], ORD [T_max k] int32; X
  * [T_max, H] bf16; W, DW [T_max k] f32; COMB [T_max k, H] bf16), the total past the last;
  * and mok_shape_mega_rows keeps at least row_pad rows. */
 MOK_TEST(workspace_ep_window_layout) {
@@ -114,14 +114,14 @@ MOK_TEST(workspace_ep_window_layout) {
     const size_t total = mok_layout_ep_window(&c, off);
     CHECK(total == mok_layout_ep_window(&c, NULL));
     const size_t Q = (size_t)c.max_tokens * c.topk, H = (size_t)c.hidden, E = (size_t)c.num_experts;
-    const size_t need[MOK_EP_NUM] = {4 * E, 4 * (E + 1), 4, 4, 4 * Q, 2 * (size_t)c.max_tokens * H, 4 * Q, 4 * Q,
+    const size_t need[MOK_EP_NUM] = {4, 4, 4 * E, 4 * (E + 1), 4 * Q, 2 * (size_t)c.max_tokens * H, 4 * Q, 4 * Q,
                                      2 * Q * H};
     for (int i = 0; i < MOK_EP_NUM; i++) {
       const size_t end = i + 1 < MOK_EP_NUM ? off[i + 1] : total;
       CHECK_MSG(off[i] % 256 == 0 && end >= off[i] + need[i], "E %d H %d k %d T %d: region %d at %zu..%zu needs %zu",
                 c.num_experts, c.hidden, c.topk, c.max_tokens, i, off[i], end, need[i]);
     }
-    CHECK(off[0] == 0);
+    CHECK(off[MOK_EP_BAD] == 0 && off[MOK_EP_FLAG] == 256); /* (the same for every config) */
     const mok_pass_shape p = mok_shape_mega_rows(&c, c.max_tokens, 0, rng_int(&r, 3) ? rng_int(&r, 100000) : 0);
     CHECK(p.rows >= c.row_pad && p.impl == mokImplMega && p.tokens == c.max_tokens);
   }

@@ -112,6 +112,7 @@ def _declare(lib):
         "mokLayerBackward": ([V, I, P(_RankInput), P(_RankWeights), V, P(_RankGrads), V], I),
         "mokLayerReserve": ([V, I, V], I),
         "mokLayerSetRecvCapacity": ([V, ctypes.c_int64], I),
+        "mokLayerGetAsyncError": ([V, P(I)], I),
         "mokLayerMemoryInfo": ([V, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokLayerMemoryEstimate": ([P(_Config), I, I, I, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokCommConfigInit": ([P(_CommConfig)], I),
@@ -397,6 +398,13 @@ class Layer:
         and a pass that cannot run everywhere writes nothing and records a device error. 0: each
         forward reads the rows received on the host (the default)."""
         self._err(_load().mokLayerSetRecvCapacity(self.handle, int(routes)))
+
+    def async_error(self):
+        """None, or the text of a pass refused on the device since the last call (mokLayerGetAsyncError;
+        with a receive capacity no host sees it). Reading clears it."""
+        st = ctypes.c_int()
+        self._err(_load().mokLayerGetAsyncError(self.handle, ctypes.byref(st)))
+        return None if st.value == 0 else _load().mokLayerGetLastError(self.handle).decode()
 
     def close(self):
         """Collective. Frees the layer's device memory (waits for its device)."""
