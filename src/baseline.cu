@@ -1153,7 +1153,10 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
      * host, with a receive capacity through the device (mok_lg_mega_ep_refuse) */
     l->gpu->fwd_valid = 0;
     if (l->gpu->ep_recv_cap) {
-      if (rc != mokSuccess) rc = mok_lg_mega_ep_refuse(l, rc, st);
+      if (rc != mokSuccess) {
+        rc = mok_lg_mega_ep_refuse(l, rc, st);
+        pass_done(l, st); /* (the next pass on another stream waits for the refusal's barriers) */
+      }
     } else {
       rc = mok_lg_agree_step(l, rc, mokInvalidArgument, fn, "refused its forward input", st);
     }

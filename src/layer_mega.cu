@@ -330,7 +330,9 @@ __global__ void k_shared_seg(int32_t *seg, int T, int T_pad) { seg[0] = T, seg[1
  * check after its first barrier: they write nothing and record mokDeviceError) and every
  * rank's barriers stay in step. Not FLAG: a peer may still read this rank's FLAG of the last
  * forward after that forward's second barrier (BAD is read only before a pass's second
- * barrier, and written only after the previous pass's second). Returns rc, message kept. */
+ * barrier, and written only after the previous pass's second). Ordered after the last pass,
+ * and the caller's stream after it (the entry points then record pass_done). Returns rc,
+ * message kept. */
 mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
@@ -340,14 +342,21 @@ mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st)
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   l->gpu->fwd_valid = 0;
   /* (on the legacy stream a loopback peer's barrier could wait behind ours: a stream of its own) */
-  cudaStream_t own = NULL;
+  cudaStream_t own = NULL, caller = st;
   if ((st == 0 || st == cudaStreamLegacy) && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
     st = own;
   if (ep_window_bases(l, off, base) == mokSuccess && order_after_last_pass(l, st, "mokLayerForward") == mokSuccess &&
       cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st) == cudaSuccess &&
       ep_barrier(l, st) == mokSuccess)
     ep_barrier(l, st);
-  if (own) cudaStreamDestroy(own); /* (its work completes first) */
+  if (own) { /* the caller's stream (and so the next pass, through pass_done) after these barriers */
+    cudaEvent_t ev;
+    if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess) {
+      if (cudaEventRecord(ev, own) == cudaSuccess) cudaStreamWaitEvent(caller, ev, 0);
+      cudaEventDestroy(ev);
+    }
+    cudaStreamDestroy(own); /* (its work completes first) */
+  }
   cudaGetLastError();
   return mok_error(l, rc, "%s", msg);
 }
