@@ -208,6 +208,13 @@ MOK_TEST(api_gpu_entry_points_validate_on_host) {
   CHECK_STATUS(mokLayerMemoryInfo(NULL, &own, &scratch), mokInvalidArgument);
   CHECK_STATUS(mokLayerMemoryInfo(host, &own, &scratch), mokInvalidUsage);
   CHECK(own == 7 && scratch == 7 && strstr(mokGetLastError(), "mokLayerMemoryInfo") != NULL);
+  CHECK_STATUS(mokLayerSetRecvCapacity(NULL, 16), mokInvalidArgument);
+  CHECK_STATUS(mokLayerSetRecvCapacity(host, 16), mokInvalidUsage);
+  mokResult_t async = mokInternalError;
+  CHECK_STATUS(mokLayerGetAsyncError(NULL, &async), mokInvalidArgument);
+  CHECK_STATUS(mokLayerGetAsyncError(host, NULL), mokInvalidArgument);
+  CHECK_OK(mokLayerGetAsyncError(host, &async)); /* (a host-only layer: nothing can be recorded) */
+  CHECK(async == mokSuccess);
   mokLayerDestroy(host);
   CHECK_STATUS(mokGenerateBf16Device(1, mokTensorX, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);
   CHECK_STATUS(mokGenerateBf16Device(1, (mokTensorKind_t)0, 0, 0, 16, 1.0f, NULL, NULL), mokInvalidArgument);
