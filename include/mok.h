@@ -527,17 +527,21 @@ mokResult_t mokLayerReserve(mokLayer_t layer, int num_tokens, cudaStream_t strea
  * more routes to a rank than this, a bad expert id, a rank that refuses its call — writes
  * nothing on any rank and records mokDeviceError in the layers of the other ranks
  * (mokLayerGetAsyncError says which rank and why); the refusing rank's call returns its own
- * error, the others return mokSuccess; the communicator stays usable and later passes run. N * max_tokens * topk never overflows. Where the shared expert runs on
+ * error, the others return mokSuccess; the communicator stays usable and later passes run.
+ * A capacity of N * max_tokens * topk never overflows; at N = 1 it has no effect. A refusal
+ * while the stream captures a graph is captured, not run: capture only passes that run
+ * everywhere. Where the shared expert runs on
  * cuBLAS (s_up not right after s_gate), the backward still reads the forward's flag on the
  * host, as on one GPU (so it cannot be captured), and the shared expert's gradients, this
- * rank's own, are written even when a peer refused its backward. Every rank passes the same
+ * rank's own, are written even when a peer refused its backward (a rank of 0 tokens zeroes
+ * its shared-expert gradients whatever the layout). Every rank passes the same
  * impl. Drops the last forward's context. [IN] routes 0 .. num_ranks * max_tokens * topk */
 mokResult_t mokLayerSetRecvCapacity(mokLayer_t layer, int64_t routes);
 /* [OUT] status: mokSuccess, or mokDeviceError where a pass of this layer was refused on the
  * device since the last call, with no host to see it (mokLayerSetRecvCapacity); then
  * mokLayerGetLastError names the first refusal (which rank, a bad id's route, an overflow's
- * rows). Reading clears it. Waits for the device word (a host wait of its own): call it
- * between steps, not inside a CUDA graph capture. */
+ * rows). Reading clears it. Sees the passes that finished: synchronize their streams first;
+ * a host wait of its own (call it between steps, not inside a CUDA graph capture). */
 mokResult_t mokLayerGetAsyncError(mokLayer_t layer, mokResult_t *status);
 
 /* Device memory held now. [OUT] layer_bytes: the layer's own (its block, blocks kept for

@@ -512,8 +512,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
   if (N > 1 && (cudaMalloc((void **)&g->d_ep_scratch, 4 * (size_t)mok_schedule_local_scratch((int)E)) != cudaSuccess ||
                 cudaMalloc((void **)&g->d_ep_rowtok, 4 * (size_t)(T * k + 1)) != cudaSuccess ||
                 cudaMalloc((void **)&g->d_xsrc, sizeof(void *) * (size_t)N) != cudaSuccess ||
-                cudaMalloc((void **)&g->d_status, sizeof(unsigned long long)) != cudaSuccess ||
-                cudaMemset(g->d_status, 0, sizeof(unsigned long long)) != cudaSuccess)) {
+                cudaMalloc((void **)&g->d_status, 2 * sizeof(unsigned long long)) != cudaSuccess ||
+                cudaMemset(g->d_status, 0, 2 * sizeof(unsigned long long)) != cudaSuccess)) {
     cudaGetLastError();
     return mok_error(l, mokOutOfMemory, "mokLayerCreateOnComm: out of device memory");
   }
@@ -1162,7 +1162,7 @@ extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRa
     }
     if (rc == mokSuccess) {
       l->gpu->fwd_impl = mokImplMega;
-      rc = mok_lg_mega_ep_forward(l, in, w, out, st);
+      rc = mok_lg_mega_ep_complete(l, mok_lg_mega_ep_forward(l, in, w, out, st), st);
       pass_done(l, st);
     }
   } else if (rc == mokSuccess) {
@@ -1224,7 +1224,7 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
   }
   if (rc == mokSuccess)
     rc = l->gpu->fwd_impl != mokImplMega ? baseline_backward(l, in, w, d_out, gr, st)
-         : l->cfg.num_ranks > 1     ? mok_lg_mega_ep_backward(l, in, w, d_out, gr, st)
+         : l->cfg.num_ranks > 1     ? mok_lg_mega_ep_complete(l, mok_lg_mega_ep_backward(l, in, w, d_out, gr, st), st)
                                     : mok_lg_mega_backward(l, in, w, d_out, gr, st);
   /* mokImplMega's backward writes dY over the forward's y rows (d_topk_w reads them first):
    * another backward needs the forward again */
@@ -1254,6 +1254,9 @@ extern "C" mokResult_t mokLayerSetRecvCapacity(mokLayer_t l, int64_t routes) {
   return mokSuccess;
 }
 
+/* d_status[1] = d_status[0], d_status[0] = 0, atomically. */
+__global__ void k_take_status(unsigned long long *status) { status[1] = atomicExch(status, 0ull); }
+
 extern "C" mokResult_t mokLayerGetAsyncError(mokLayer_t l, mokResult_t *status) {
   static const char fn[] = "mokLayerGetAsyncError";
   mok_clear_error();
@@ -1267,11 +1270,12 @@ extern "C" mokResult_t mokLayerGetAsyncError(mokLayer_t l, mokResult_t *status) 
   /* (a stream of its own: neither the legacy stream nor the caller's waits for it or it for them) */
   cudaStream_t own = NULL;
   unsigned long long w = 0;
-  const unsigned long long zero = 0;
   cudaError_t e = cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking);
-  if (e == cudaSuccess) e = cudaMemcpyAsync(&w, l->gpu->d_status, sizeof w, cudaMemcpyDeviceToHost, own);
-  if (e == cudaSuccess) e = cudaStreamSynchronize(own);
-  if (e == cudaSuccess && w) e = cudaMemcpyAsync(l->gpu->d_status, &zero, sizeof zero, cudaMemcpyHostToDevice, own);
+  if (e == cudaSuccess) { /* read and clear in one atomic step: a record landing meanwhile is not lost */
+    k_take_status<<<1, 1, 0, own>>>(l->gpu->d_status);
+    e = cudaGetLastError();
+  }
+  if (e == cudaSuccess) e = cudaMemcpyAsync(&w, l->gpu->d_status + 1, sizeof w, cudaMemcpyDeviceToHost, own);
   if (e == cudaSuccess) e = cudaStreamSynchronize(own);
   if (own) cudaStreamDestroy(own);
   if (prev >= 0) cudaSetDevice(prev);

@@ -94,8 +94,9 @@ struct mok_gpu_layer {
   const mokBf16 **d_xsrc;
   const mokBf16 *xsrc[MOK_GEMM_MAX_SOURCES]; /* what d_xsrc holds (written when the window moved) */
   int xsrc_n;                                /* its entries; 0 = not written yet */
-  unsigned long long *d_status; /* N > 1: the first refusal of a pass no host saw (device-only
-                                   mode; mokLayerGetAsyncError reads and clears it) */
+  unsigned long long *d_status; /* N > 1: [2] the first refusal of a pass no host saw (device-only
+                                   mode; mokLayerGetAsyncError takes it into [1] and clears it) */
+  int ep_barriers;       /* cross-rank barriers the current pass at N > 1 launched (mok_lg_mega_ep_complete) */
   int64_t ep_recv_cap;   /* mokLayerSetRecvCapacity: 0, or the rows the row buffers hold (the
                             routes plus every expert's padding): no host read, no host exchange */
   int32_t *d_seg;        /* [2 E_l + 1] the last forward's routed rows of each expert, then its
@@ -165,6 +166,12 @@ mokResult_t mok_lg_mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
 /* mokLayerSetRecvCapacity's refusal: this rank's BAD flag set and the pass's two barriers
  * run (its peers write nothing and record mokDeviceError); returns rc, its message kept. */
 mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st);
+/* After an error inside a pass at N > 1 with a receive capacity: the barriers this rank's
+ * peers still expect, so theirs stay in step (none launched: mok_lg_mega_ep_refuse; one: this
+ * rank's FLAG set, the second launched; its peers then write nothing). Returns rc, message
+ * kept. Stage A (no capacity): rc as it is (its host exchanges, or a barrier's timeout that
+ * the communicator reports, stop the peers). */
+mokResult_t mok_lg_mega_ep_complete(mokLayer_t l, mokResult_t rc, cudaStream_t st);
 mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st);
 

@@ -190,7 +190,9 @@ static mokResult_t ep_window_bases(mokLayer_t l, size_t off[MOK_EP_NUM], char **
 
 /* A cross-rank barrier on st (one CTA; bounded: a missing peer becomes mokTimeout). */
 static mokResult_t ep_barrier(mokLayer_t l, cudaStream_t st) {
-  return mok_comm_launch_barriers(l->comm, 1, 32, 1, 0, 0, st);
+  MOK_CHECK(mok_comm_launch_barriers(l->comm, 1, 32, 1, 0, 0, st));
+  l->gpu->ep_barriers++;
+  return mokSuccess;
 }
 
 /* The rows buffers of a mokImplMega forward at N > 1 that received `rows` padded rows. */
@@ -307,6 +309,12 @@ static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int ran
   const int64_t routes = (int64_t)in->num_tokens * k;
   int first_bad = -1; /* (which rank: every rank takes part, as every rank saw the flag) */
   MOK_CHECK(mok_lg_exchange_refusals(l, l->gpu->h_cnt[2] != 0, &first_bad, st));
+  if (first_bad < 0) { /* (no rank's ids: the comm's error made the schedule refuse) */
+    mokResult_t async = mokSuccess;
+    mokCommGetAsyncError(l->comm, &async);
+    return mok_error(l, async != mokSuccess ? async : mokInternalError, "%s: the pass was refused on the device "
+                     "without a bad id (mokCommGetAsyncError: %s); nothing was written", fn, mokCommGetLastError(l->comm));
+  }
   if (!l->gpu->h_cnt[2])
     return mok_error(l, mokInvalidArgument, "%s: rank %d's topk_idx held an expert id outside [-1, %d) (its "
                      "mokGetLastError says where); nothing was written", fn, first_bad, E);
@@ -341,14 +349,16 @@ mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st)
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   l->gpu->fwd_valid = 0;
+  l->gpu->ep_barriers = 0;
   /* (on the legacy stream a loopback peer's barrier could wait behind ours: a stream of its own) */
   cudaStream_t own = NULL, caller = st;
   if ((st == 0 || st == cudaStreamLegacy) && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
     st = own;
-  if (ep_window_bases(l, off, base) == mokSuccess && order_after_last_pass(l, st, "mokLayerForward") == mokSuccess &&
-      cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st) == cudaSuccess &&
-      ep_barrier(l, st) == mokSuccess)
-    ep_barrier(l, st);
+  if (ep_window_bases(l, off, base) == mokSuccess) {
+    (void)order_after_last_pass(l, st, "mokLayer (refusal)"); /* (the barriers run even if this fails) */
+    cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st);
+    if (ep_barrier(l, st) == mokSuccess) ep_barrier(l, st);
+  }
   if (own) { /* the caller's stream (and so the next pass, through pass_done) after these barriers */
     cudaEvent_t ev;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess) {
@@ -356,6 +366,25 @@ mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st)
       cudaEventDestroy(ev);
     }
     cudaStreamDestroy(own); /* (its work completes first) */
+  }
+  cudaGetLastError();
+  return mok_error(l, rc, "%s", msg);
+}
+
+mokResult_t mok_lg_mega_ep_complete(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
+  struct mok_gpu_layer *g = l->gpu;
+  if (rc == mokSuccess || !g->ep_recv_cap || g->ep_barriers >= 2) return rc;
+  if (g->ep_barriers == 0) return mok_lg_mega_ep_refuse(l, rc, st);
+  char msg[MOK_ERRMSG_LEN];
+  snprintf(msg, sizeof msg, "%s", mokGetLastError());
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  g->fwd_valid = 0;
+  if (ep_window_bases(l, off, base) == mokSuccess) { /* (FLAG: read by the peers after the second barrier) */
+    cudaMemsetAsync(base[rank] + off[MOK_EP_FLAG], 0xff, sizeof(int32_t), st);
+    ep_barrier(l, st);
   }
   cudaGetLastError();
   return mok_error(l, rc, "%s", msg);
@@ -369,6 +398,7 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   const int N = c->num_ranks, El = l->local_experts, H = c->hidden, I = c->inter;
   const int Is = c->shared_inter, k = c->topk, T = in->num_tokens, Tm = c->max_tokens;
   const int device_only = g->ep_recv_cap > 0; /* (mokLayerSetRecvCapacity: no host wait) */
+  g->ep_barriers = 0;
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
   g->fwd_valid = 0;
@@ -467,6 +497,10 @@ mokResult_t mok_lg_mega_backward_check(mokLayer_t l, cudaStream_t st) {
   CUDA_CHECK(l, cudaStreamSynchronize(st));
   if (g->h_cnt[0]) {
     g->fwd_valid = 0;
+    if (l->cfg.num_ranks > 1)
+      return mok_error(l, mokInvalidArgument, "%s: the forward was refused on the device (a rank's bad expert id or "
+                       "refusal, an overflow of a receive capacity, or a comm error: mokLayerGetAsyncError and "
+                       "mokCommGetAsyncError say which); it wrote nothing", fn);
     return mok_error(l, mokInvalidArgument, "%s: the forward's topk_idx held an expert id outside [-1, %d) (found on "
                      "the device; the forward wrote nothing, mokCommGetAsyncError reports where)", fn,
                      l->cfg.num_experts);
@@ -560,6 +594,7 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   const int64_t routes = (int64_t)T * k;
   int rank = 0;
   mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  g->ep_barriers = 0;
   size_t off[MOK_EP_NUM];
   char *base[MOK_COMM_MAX_RANKS];
   MOK_CHECK(ep_window_bases(l, off, base));
@@ -577,6 +612,8 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   mokGemmRows_t er;
   MOK_CHECK(mok_lg_gemm_rows(l, El, g->cap, g->d_seg, &er));
   MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_BAD, g->ep_recv_cap ? g->d_status : NULL, er.error_word, rank, st));
+  k_copy_flag<<<1, 1, 0, st>>>(g->d_bad, (int32_t *)(me + off[MOK_EP_FLAG])); /* (for the check after barrier 2) */
+  CUDA_CHECK(l, cudaGetLastError());
   mokEpPull_t p;
   memset(&p, 0, sizeof p);
   p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
@@ -596,6 +633,8 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   for (int r = 0; r < N; r++) q.dst[r] = (mokBf16 *)(base[r] + off[MOK_EP_COMB]);
   MOK_CHECK(mok_ep_push_launch(&q, st));
   MOK_CHECK(ep_barrier(l, st));
+  /* every rank's pass flag again: a rank that failed between the barriers pushed nothing */
+  MOK_CHECK(ep_any_flag(l, off, base, MOK_EP_FLAG, g->ep_recv_cap ? g->d_status : NULL, er.error_word, rank, st));
   mok_lg_prof_mark(g, "push", st);
   mega_combine_dx(l, T, (const mokBf16 *)(me + off[MOK_EP_COMB]), gr->d_x, st);
   MOK_CHECK(mok_ep_copy_f32_launch((const float *)(me + off[MOK_EP_DW]), gr->d_topk_w, routes, g->d_bad, st));
