@@ -333,6 +333,21 @@ static mokResult_t ep_refuse_ids(mokLayer_t l, const mokRankInput_t *in, int ran
 
 __global__ void k_shared_seg(int32_t *seg, int T, int T_pad) { seg[0] = T, seg[1] = 0, seg[2] = T_pad; }
 
+/* This rank's window word `which` set (all bits) on st, then `barriers` barriers launched:
+ * what its peers still expect of a pass it refused or failed in. Its own errors are ignored
+ * (the peers' barriers then time out, and the communicator reports that). */
+static void ep_signal(mokLayer_t l, int which, int barriers, cudaStream_t st) {
+  size_t off[MOK_EP_NUM];
+  char *base[MOK_COMM_MAX_RANKS];
+  int rank = 0;
+  mokCommRankInfo(l->comm, &rank, NULL, NULL);
+  if (ep_window_bases(l, off, base) != mokSuccess) return;
+  if (which == MOK_EP_BAD) (void)order_after_last_pass(l, st, "mokLayer (refusal)"); /* (a pass of its own) */
+  cudaMemsetAsync(base[rank] + off[which], 0xff, sizeof(int32_t), st);
+  for (int b = 0; b < barriers && ep_barrier(l, st) == mokSuccess; b++) {
+  }
+}
+
 /* A refusal where no host exchanges it (mokLayerSetRecvCapacity): this rank's BAD set and
  * the pass's two barriers run, so its peers see it (the forward's schedule, the backward's
  * check after its first barrier: they write nothing and record mokDeviceError) and every
@@ -344,21 +359,13 @@ __global__ void k_shared_seg(int32_t *seg, int T, int T_pad) { seg[0] = T, seg[1
 mokResult_t mok_lg_mega_ep_refuse(mokLayer_t l, mokResult_t rc, cudaStream_t st) {
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
-  size_t off[MOK_EP_NUM];
-  char *base[MOK_COMM_MAX_RANKS];
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
   l->gpu->fwd_valid = 0;
   l->gpu->ep_barriers = 0;
   /* (on the legacy stream a loopback peer's barrier could wait behind ours: a stream of its own) */
   cudaStream_t own = NULL, caller = st;
   if ((st == 0 || st == cudaStreamLegacy) && cudaStreamCreateWithFlags(&own, cudaStreamNonBlocking) == cudaSuccess)
     st = own;
-  if (ep_window_bases(l, off, base) == mokSuccess) {
-    (void)order_after_last_pass(l, st, "mokLayer (refusal)"); /* (the barriers run even if this fails) */
-    cudaMemsetAsync(base[rank] + off[MOK_EP_BAD], 0xff, sizeof(int32_t), st);
-    if (ep_barrier(l, st) == mokSuccess) ep_barrier(l, st);
-  }
+  ep_signal(l, MOK_EP_BAD, 2, st);
   if (own) { /* the caller's stream (and so the next pass, through pass_done) after these barriers */
     cudaEvent_t ev;
     if (cudaEventCreateWithFlags(&ev, cudaEventDisableTiming) == cudaSuccess) {
@@ -377,15 +384,8 @@ mokResult_t mok_lg_mega_ep_complete(mokLayer_t l, mokResult_t rc, cudaStream_t s
   if (g->ep_barriers == 0) return mok_lg_mega_ep_refuse(l, rc, st);
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
-  size_t off[MOK_EP_NUM];
-  char *base[MOK_COMM_MAX_RANKS];
-  int rank = 0;
-  mokCommRankInfo(l->comm, &rank, NULL, NULL);
   g->fwd_valid = 0;
-  if (ep_window_bases(l, off, base) == mokSuccess) { /* (FLAG: read by the peers after the second barrier) */
-    cudaMemsetAsync(base[rank] + off[MOK_EP_FLAG], 0xff, sizeof(int32_t), st);
-    ep_barrier(l, st);
-  }
+  ep_signal(l, MOK_EP_FLAG, 1, st); /* (FLAG: read by the peers after the second barrier) */
   cudaGetLastError();
   return mok_error(l, rc, "%s", msg);
 }
