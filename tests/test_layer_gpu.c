@@ -9,6 +9,7 @@
  */
 #include <cuda_runtime_api.h>
 #include <math.h>
+#include <pthread.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -502,6 +503,8 @@ typedef struct {
   gpu_case *c;
   int bad[MAXR];      /* outputs that differ from the eager pass (bits: names below) */
   char msg[MAXR][512];
+  pthread_barrier_t ready; /* every rank instantiated before any replays: an instantiation may
+                              wait for the device, and so for a peer's replay waiting for us */
 } capture_arg;
 
 static void rank_outputs(const gpu_case *c, int s, void *ptr[4], size_t bytes[4]) {
@@ -537,6 +540,7 @@ static mokResult_t rank_capture(mokComm_t comm, int s, void *arg) {
     ce = cudaStreamEndCapture(st, &graph);
   }
   if (ce == cudaSuccess && fwd == mokSuccess && bwd == mokSuccess) ce = cudaGraphInstantiate(&exec, graph, 0);
+  pthread_barrier_wait(&a->ready);
   if (ce == cudaSuccess && exec) {
     for (int q = 0; q < 4; q++)
       if (bytes[q]) cudaMemsetAsync(ptr[q], 0xff, bytes[q], st);
@@ -567,7 +571,17 @@ MOK_GPU_TEST(layer_mega_loopback_passes_in_cuda_graph, 1) {
   CHECK_MSG(mokLocalRun(2, comms, rank_run, c) == mokSuccess, "eager passes: %s", mokGetLastError());
   capture_arg *a = calloc(1, sizeof *a);
   a->c = c;
+  pthread_barrier_init(&a->ready, NULL, 2);
   const mokResult_t rc = t->failed ? mokInternalError : mokLocalRun(2, comms, rank_capture, a);
+  pthread_barrier_destroy(&a->ready);
+  for (int s = 0; s < 2; s++) { /* (every rank's picture first: the checks below stop at the first) */
+    mokResult_t async = mokSuccess;
+    mokCommGetAsyncError(comms[s], &async);
+    if (a->bad[s] || async != mokSuccess || rc != mokSuccess)
+      printf("      rank %d: outputs differing 0x%x (out, d_x, d_topk_w, d_w_down), capture/replay: %s; comm: %s %s\n",
+             s, a->bad[s], a->msg[s][0] ? a->msg[s] : "ok", mokGetErrorName(async),
+             async == mokSuccess ? "" : mokCommGetLastError(comms[s]));
+  }
   for (int s = 0; s < 2 && !t->failed; s++) {
     CHECK_MSG(rc == mokSuccess, "rank %d: capture or replay: %s (%s)", s, a->msg[s], mokGetErrorName(rc));
     for (int q = 0; q < 4; q++)
