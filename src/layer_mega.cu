@@ -557,7 +557,7 @@ mokResult_t mok_lg_mega_backward(mokLayer_t l, const mokRankInput_t *in, const m
                                  const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
-  const int H = c->hidden, Is = c->shared_inter, k = c->topk;
+  const int H = c->hidden, k = c->topk;
   const int T = in->num_tokens;
   const int64_t routes = (int64_t)T * k;
   mok_lg_prof_mark(g, "start", st);
@@ -589,7 +589,7 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st) {
   const mokConfig_t *c = &l->cfg;
   struct mok_gpu_layer *g = l->gpu;
-  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, Is = c->shared_inter, k = c->topk;
+  const int N = c->num_ranks, El = l->local_experts, H = c->hidden, k = c->topk;
   const int T = in->num_tokens, Tm = c->max_tokens;
   const int64_t routes = (int64_t)T * k;
   int rank = 0;
