@@ -506,6 +506,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     const char *cc = getenv("MOK_MEGA_COMM_CTAS");
     g->mega_comm_ctas = cc ? atoi(cc) : 0;
     if (g->mega_comm_ctas < 1) g->mega_comm_ctas = MEGA_COMM_CTAS;
+    const char *mc = getenv("MOK_MEGA_CTAS");
+    g->mega_ctas = mc ? atoi(mc) : 0;
     const char *ms = getenv("MOK_MEGA_SHARED");
     g->mega_shared = !(ms && !strcmp(ms, "0"));
   }

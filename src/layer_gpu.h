@@ -85,6 +85,7 @@ struct mok_gpu_layer {
   int32_t *d_route_row, *d_row_tok, *d_bad, *d_sched_scratch;
   int32_t *d_shared_seg; /* [3] the shared expert as the megakernel's one-expert problem */
   int mega_comm_ctas;    /* MOK_MEGA_COMM_CTAS, else the default */
+  int mega_ctas;         /* MOK_MEGA_CTAS (diagnostics): the megakernel's CTAs, else 0 (mega_ctas' rule) */
   int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
   int fwd_shared_in;     /* the last forward (mokImplMega) ran the shared expert as tiles of its launch:
                             the backward runs it on mok's GEMMs too, with no host wait */

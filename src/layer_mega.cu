@@ -80,7 +80,8 @@ __global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__res
 }
 
 /* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
- * in tests: each rank's launch must have all its CTAs resident beside the others'). */
+ * in tests: each rank's launch must have all its CTAs resident beside the others'), or
+ * MOK_MEGA_CTAS (diagnostics; more than the SMs is refused by the launch). */
 static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
   struct mok_gpu_layer *g = l->gpu;
   const int share = mok_comm_device_share(l->comm);
@@ -89,8 +90,9 @@ static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
     int sms = 0;
     cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
     *ctas = sms / share;
-    if (*comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
   }
+  if (g->mega_ctas > 0) *ctas = g->mega_ctas;
+  if (*ctas > 0 && *comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
 }
 
 /* The forward megakernel of a pass: m names where its rows come from (row_tok, or row_route
