@@ -2,15 +2,16 @@
  * comm.cu — the multi-GPU runtime on NCCL, host side: communicator create/destroy on
  * the caller's ncclComm_t, the symmetric workspace (ncclMemAlloc +
  * ncclCommWindowRegister(NCCL_WIN_COLL_SYMMETRIC) + ncclDevCommCreate), user buffers in
- * symmetric memory, the collective agreement check, the async-error query, the
- * one-process helpers (one thread per GPU) and the launchers of the barrier/test
- * kernels. Device primitives live in comm_device.cuh; layouts in comm.h.
+ * symmetric memory, the collective agreement check, the async-error query, the loopback
+ * ranks' host barrier and the launchers of the barrier/test kernels. The one-process
+ * helpers (a thread a GPU, loopback ranks, NCCL's unique id): comm_local.cu; the state
+ * both share: comm_host.h; device primitives: comm_device.cuh; layouts: comm.h.
  *
  * Error style: every public function validates its arguments before any work and
  * returns mokInvalidArgument naming the argument, writing nothing. Failures later set
- * the comm's message and the thread's (comm_error) and release what was taken.
+ * the comm's message and the thread's (mok_comm_error) and release what was taken.
  */
-#include "comm.h"
+#include "comm_host.h"
 #include "comm_device.cuh"
 #include "internal.h"
 #include "workspace.h"
@@ -30,59 +31,11 @@
 #define MOK_COMM_MAX_BYTES ((size_t)1 << 40)
 #define MOK_AGREE_MAX_BYTES 65536
 
-// A buffer of mokCommMemAlloc.
-struct symbuf {
-  void *ptr;
-  size_t bytes;
-  ncclWindow_t win;
-  char *peer[MOK_COMM_MAX_RANKS];
-  struct symbuf *next;
-};
-
-struct mokComm {
-  int rank, nranks, device;
-  ncclComm_t nccl;
-  int owns_nccl;               // made by mokLocalCommsCreate: destroyed with the comm
-  mokCommConfig_t cfg;         // validated, defaults filled in
-  ncclDevComm devcomm;
-  int has_devcomm;
-  cudaStream_t side;           // private non-blocking stream: never waits for user streams
-  unsigned long long *h_word;  // pinned host word for error reads
-  char **d_scratch;            // [MOK_COMM_MAX_RANKS] peer bases from the device
-  // symmetric workspace: [mokCommCtrl | user workspace]
-  void *ws_ptr;
-  size_t ws_total;
-  ncclWindow_t ws_win;
-  char *ws_peer[MOK_COMM_MAX_RANKS];
-  struct symbuf *bufs;
-  mok_devbuf scratch;          // the row scratch its layers share (workspace.h)
-  char last_error[MOK_ERRMSG_LEN];
-  struct loopback *lb;         // a loopback rank (mok_comm_create_loopback), else NULL
-};
-
-// ---- loopback ranks: N ranks of one process on one device, without NCCL (tests) -------
-// Their windows are plain device allocations (peers' bases: the same address space); the
-// host collectives meet at a barrier of the ranks' threads (one thread a rank, as
-// mokLocalRun runs them). Every step that can fail on one rank is agreed before the next
-// collective, so no rank waits at a barrier another rank will not reach.
-struct loopback {
-  int n;
-  pthread_mutex_t mu;
-  pthread_cond_t cv;
-  int arrived, aborted; // under mu
-  int timed_out;        // aborted because a rank did not arrive within wait_s (under mu)
-  int wait_s;           // the most a host barrier waits for the last rank
-  unsigned gen;         // barriers completed (under mu)
-  void *ptr[MOK_COMM_MAX_RANKS];
-  const void *blob[MOK_COMM_MAX_RANKS];
-  size_t bytes[MOK_COMM_MAX_RANKS];
-  int ok[MOK_COMM_MAX_RANKS];
-  int refs; // ranks holding it (__atomic_*); the last to release frees it
-};
+// ---- loopback ranks: the host barrier of their threads (struct loopback: comm_host.h) ----
 // A barrier of the group's threads; 0 once the group was aborted (then no one waits). Bounded:
 // a rank that does not arrive within wait_s aborts the group (a hang becomes an error; the
 // comms are then unusable, as after a device timeout: destroy and re-create them).
-static int lb_wait(struct loopback *lb) {
+int mok_lb_wait(struct loopback *lb) {
   pthread_mutex_lock(&lb->mu);
   if (!lb->aborted) {
     const unsigned g = lb->gen;
@@ -109,13 +62,13 @@ static int lb_wait(struct loopback *lb) {
 static const char *lb_why(struct loopback *lb) {
   return lb && lb->timed_out ? " (a rank did not reach a host collective in time: destroy and re-create the comms)" : "";
 }
-static void lb_abort(struct loopback *lb) {
+void mok_lb_abort(struct loopback *lb) {
   pthread_mutex_lock(&lb->mu);
   lb->aborted = 1;
   pthread_cond_broadcast(&lb->cv);
   pthread_mutex_unlock(&lb->mu);
 }
-static void lb_drop(struct loopback *lb) {
+void mok_lb_drop(struct loopback *lb) {
   if (__atomic_sub_fetch(&lb->refs, 1, __ATOMIC_ACQ_REL) == 0) {
     pthread_cond_destroy(&lb->cv);
     pthread_mutex_destroy(&lb->mu);
@@ -123,19 +76,17 @@ static void lb_drop(struct loopback *lb) {
   }
 }
 // Every rank passes its own ok; returns whether all did (0 in an aborted group).
-static int lb_all_ok(struct loopback *lb, int rank, int ok) {
+int mok_lb_all_ok(struct loopback *lb, int rank, int ok) {
   lb->ok[rank] = ok;
-  if (!lb_wait(lb)) return 0;
+  if (!mok_lb_wait(lb)) return 0;
   int all = 1;
   for (int q = 0; q < lb->n; q++) all = all && lb->ok[q];
-  if (!lb_wait(lb)) return 0; // nobody writes ok[] again before everyone read it
+  if (!mok_lb_wait(lb)) return 0; // nobody writes ok[] again before everyone read it
   return all;
 }
 
 // ---- errors and device switching ---------------------------------------------------
-static mokResult_t comm_error(mokComm_t c, mokResult_t st, const char *fmt, ...)
-    __attribute__((format(printf, 3, 4)));
-static mokResult_t comm_error(mokComm_t c, mokResult_t st, const char *fmt, ...) {
+mokResult_t mok_comm_error(mokComm_t c, mokResult_t st, const char *fmt, ...) {
   char msg[MOK_ERRMSG_LEN];
   va_list ap;
   va_start(ap, fmt);
@@ -145,47 +96,8 @@ static mokResult_t comm_error(mokComm_t c, mokResult_t st, const char *fmt, ...)
   return mok_error(NULL, st, "%s", msg);
 }
 
-// Inside functions with `mokResult_t st` and an `out:` label that restores state.
-#define C_CUDA(call)                                                                     \
-  do {                                                                                   \
-    cudaError_t e_ = (call);                                                             \
-    if (e_ != cudaSuccess) {                                                             \
-      st = comm_error(c, e_ == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError, \
-                      "%s: %s failed: %s (%s:%d)", fn, #call, cudaGetErrorString(e_),    \
-                      __FILE__, __LINE__);                                               \
-      goto out;                                                                          \
-    }                                                                                    \
-  } while (0)
-#define C_NCCL(nc, call)                                                                 \
-  do {                                                                                   \
-    ncclResult_t r_ = (call);                                                            \
-    if (r_ != ncclSuccess) {                                                             \
-      const char *l_ = (nc) ? ncclGetLastError(nc) : "";                                 \
-      st = comm_error(c, mokNcclError, "%s: %s failed: %s%s%s (%s:%d)", fn, #call,       \
-                      ncclGetErrorString(r_), l_ && *l_ ? ": " : "", l_ ? l_ : "",       \
-                      __FILE__, __LINE__);                                               \
-      goto out;                                                                          \
-    }                                                                                    \
-  } while (0)
-#define C_MOK(call)                             \
-  do {                                          \
-    st = (call);                                \
-    if (st != mokSuccess) goto out;             \
-  } while (0)
-
-// Makes `device` current, remembering the caller's; restore with dev_leave.
-static int dev_enter(int device) {
-  int prev = -1;
-  if (cudaGetDevice(&prev) != cudaSuccess) prev = -1;
-  if (prev != device) cudaSetDevice(device);
-  return prev;
-}
-static void dev_leave(int prev, int device) {
-  if (prev >= 0 && prev != device) cudaSetDevice(prev);
-}
-
 // ---- config ------------------------------------------------------------------------
-static mokResult_t config_validate(const char *fn, const mokCommConfig_t *in, mokCommConfig_t *out) {
+mokResult_t mok_comm_config_validate(const char *fn, const mokCommConfig_t *in, mokCommConfig_t *out) {
   mokCommConfig_t c = MOK_COMM_CONFIG_INITIALIZER;
   if (in) {
     if (in->size != sizeof(mokCommConfig_t))
@@ -240,20 +152,20 @@ static mokResult_t lb_sym_alloc(mokComm_t c, const char *fn, size_t total, void 
   if (e == cudaSuccess) e = cudaMemsetAsync(p, 0, total, c->side);
   if (e == cudaSuccess) e = cudaStreamSynchronize(c->side);
   if (e != cudaSuccess) cudaGetLastError();
-  const int all = lb_all_ok(lb, c->rank, e == cudaSuccess);
+  const int all = mok_lb_all_ok(lb, c->rank, e == cudaSuccess);
   if (!all) {
     if (p) cudaFree(p);
     if (e != cudaSuccess)
-      return comm_error(c, e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError,
-                        "%s: loopback rank %d: %zu bytes: %s", fn, c->rank, total, cudaGetErrorString(e));
-    return comm_error(c, mokOutOfMemory, "%s: loopback: another rank could not allocate %zu bytes", fn, total);
+      return mok_comm_error(c, e == cudaErrorMemoryAllocation ? mokOutOfMemory : mokCudaError,
+                            "%s: loopback rank %d: %zu bytes: %s", fn, c->rank, total, cudaGetErrorString(e));
+    return mok_comm_error(c, mokOutOfMemory, "%s: loopback: another rank could not allocate %zu bytes", fn, total);
   }
   lb->ptr[c->rank] = p;
-  int ok = lb_wait(lb);
+  int ok = mok_lb_wait(lb);
   for (int q = 0; q < lb->n && ok; q++) peers[q] = (char *)lb->ptr[q];
-  if (!(ok && lb_wait(lb))) {
+  if (!(ok && mok_lb_wait(lb))) {
     cudaFree(p);
-    return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
+    return mok_comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
   }
   *ptr_out = p;
   return mokSuccess;
@@ -300,22 +212,22 @@ out:
 static mokResult_t sym_free(mokComm_t c, const char *fn, void *p, ncclWindow_t win) {
   mokResult_t st = mokSuccess;
   if (c->lb) { // every rank done with every window before any is freed (none waits in an aborted group)
-    (void)lb_wait(c->lb);
+    (void)mok_lb_wait(c->lb);
     cudaError_t e = p ? cudaFree(p) : cudaSuccess;
     return e == cudaSuccess ? mokSuccess
-                            : comm_error(c, mokCudaError, "%s: cudaFree failed: %s", fn, cudaGetErrorString(e));
+                            : mok_comm_error(c, mokCudaError, "%s: cudaFree failed: %s", fn, cudaGetErrorString(e));
   }
   if (win) C_NCCL(c->nccl, ncclCommWindowDeregister(c->nccl, win));
 out:
   if (p) {
     ncclResult_t r = ncclMemFree(p);
     if (r != ncclSuccess && st == mokSuccess)
-      st = comm_error(c, mokNcclError, "%s: ncclMemFree failed: %s", fn, ncclGetErrorString(r));
+      st = mok_comm_error(c, mokNcclError, "%s: ncclMemFree failed: %s", fn, ncclGetErrorString(r));
   }
   return st;
 }
 
-static mokResult_t ws_create(mokComm_t c, const char *fn, size_t user_bytes) {
+mokResult_t mok_comm_ws_create(mokComm_t c, const char *fn, size_t user_bytes) {
   size_t total = MOK_COMM_CTRL_BYTES + user_bytes;
   MOK_CHECK(sym_alloc(c, fn, total, &c->ws_ptr, &c->ws_win, c->ws_peer));
   c->ws_total = total;
@@ -333,22 +245,23 @@ static uint64_t fnv1a(const void *p, size_t n) {
 // agree's checks of rank r's blob against rank 0's: the same messages on every rank.
 static mokResult_t agree_size(mokComm_t c, const char *fn, const char *what, int r, uint64_t br, uint64_t b0) {
   if (br == b0) return mokSuccess;
-  return comm_error(c, mokInvalidArgument, "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed %llu",
-                    fn, what, r, (unsigned long long)br, (unsigned long long)b0);
+  return mok_comm_error(c, mokInvalidArgument,
+                        "%s: %s differs between ranks: rank %d passed %llu bytes, rank 0 passed %llu", fn, what, r,
+                        (unsigned long long)br, (unsigned long long)b0);
 }
 static mokResult_t agree_bytes(mokComm_t c, const char *fn, const char *what, int r, const unsigned char *x,
                                const unsigned char *r0, size_t bytes) {
   for (size_t i = 0; i < bytes; i++)
     if (x[i] != r0[i])
-      return comm_error(c, mokInvalidArgument,
-                        "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu "
-                        "of %zu (0x%02x vs 0x%02x); every rank must pass the same %s",
-                        fn, what, r, i, bytes, x[i], r0[i], what);
+      return mok_comm_error(c, mokInvalidArgument,
+                            "%s: %s differs between ranks: rank %d disagrees with rank 0 at byte %zu "
+                            "of %zu (0x%02x vs 0x%02x); every rank must pass the same %s",
+                            fn, what, r, i, bytes, x[i], r0[i], what);
   return mokSuccess;
 }
 
 // Collective: all-gather (bytes, hash), then the blobs, then compare with rank 0.
-static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t bytes, const char *what) {
+mokResult_t mok_comm_agree(mokComm_t c, const char *fn, const void *blob, size_t bytes, const char *what) {
   mokResult_t st = mokSuccess;
   const int n = c->nranks;
   uint64_t hdr[2] = {(uint64_t)bytes, fnv1a(blob, bytes)};
@@ -357,19 +270,19 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
   char *d = NULL;
   const size_t dbytes = 16 * (size_t)(n + 1) + bytes * (size_t)(n + 1);
   if (!what) what = "value";
-  if (!all_hdr) return comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
+  if (!all_hdr) return mok_comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
   if (c->lb) { // the blobs in place: every rank compares every rank's with rank 0's, as below
     struct loopback *lb = c->lb;
     lb->blob[c->rank] = blob;
     lb->bytes[c->rank] = bytes;
-    if (!lb_wait(lb)) {
+    if (!mok_lb_wait(lb)) {
       free(all_hdr);
-      return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
+      return mok_comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     }
     for (int r = 1; r < n && st == mokSuccess; r++) st = agree_size(c, fn, what, r, lb->bytes[r], lb->bytes[0]);
     for (int r = 1; r < n && st == mokSuccess; r++)
       st = agree_bytes(c, fn, what, r, (const unsigned char *)lb->blob[r], (const unsigned char *)lb->blob[0], bytes);
-    (void)lb_wait(lb); /* every blob stays valid until every rank compared */
+    (void)mok_lb_wait(lb); /* every blob stays valid until every rank compared */
     free(all_hdr);
     return st;
   }
@@ -383,7 +296,7 @@ static mokResult_t agree(mokComm_t c, const char *fn, const void *blob, size_t b
     // Same sizes everywhere: the blobs can be gathered safely.
     all = (unsigned char *)malloc(bytes * (size_t)n);
     if (!all) {
-      st = comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
+      st = mok_comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
       goto out;
     }
     char *dsend = d + 16 * (size_t)(n + 1), *drecv = dsend + bytes;
@@ -409,9 +322,11 @@ extern "C" mokResult_t mok_comm_host_allgather(mokComm_t c, const void *mine, si
   if (c->lb) { // the blobs in place, as agree does
     struct loopback *lb = c->lb;
     lb->blob[c->rank] = mine;
-    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
+    if (!mok_lb_wait(lb))
+      return mok_comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     for (int r = 0; r < n; r++) memcpy((char *)all + (size_t)r * bytes, lb->blob[r], bytes);
-    if (!lb_wait(lb)) return comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
+    if (!mok_lb_wait(lb))
+      return mok_comm_error(c, mokInternalError, "%s: loopback: the group was aborted%s", fn, lb_why(c->lb));
     return mokSuccess;
   }
   mokResult_t st = mokSuccess;
@@ -436,19 +351,19 @@ extern "C" mokResult_t mokCommCheckAgreement(mokComm_t comm, const void *blob, s
   static const char fn[] = "mokCommCheckAgreement";
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
-  if (!blob) return comm_error(comm, mokInvalidArgument, "%s: blob is NULL", fn);
+  if (!blob) return mok_comm_error(comm, mokInvalidArgument, "%s: blob is NULL", fn);
   if (bytes < 1 || bytes > MOK_AGREE_MAX_BYTES)
-    return comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be 1 .. %d", fn, bytes,
-                      MOK_AGREE_MAX_BYTES);
+    return mok_comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be 1 .. %d", fn, bytes,
+                          MOK_AGREE_MAX_BYTES);
   int prev = dev_enter(comm->device);
-  mokResult_t st = agree(comm, fn, blob, bytes, what);
+  mokResult_t st = mok_comm_agree(comm, fn, blob, bytes, what);
   dev_leave(prev, comm->device);
   return st;
 }
 
 // ---- create / destroy ----------------------------------------------------------------
 // Releases everything the comm holds; keeps the first error. Collective for windows.
-static mokResult_t comm_release(mokComm_t c, const char *fn) {
+mokResult_t mok_comm_release(mokComm_t c, const char *fn) {
   mokResult_t st = mokSuccess, s;
   while (c->bufs) {
     struct symbuf *b = c->bufs;
@@ -466,7 +381,7 @@ static mokResult_t comm_release(mokComm_t c, const char *fn) {
   if (c->has_devcomm) {
     ncclResult_t r = ncclDevCommDestroy(c->nccl, &c->devcomm);
     if (r != ncclSuccess && st == mokSuccess)
-      st = comm_error(c, mokNcclError, "%s: ncclDevCommDestroy failed: %s", fn, ncclGetErrorString(r));
+      st = mok_comm_error(c, mokNcclError, "%s: ncclDevCommDestroy failed: %s", fn, ncclGetErrorString(r));
     c->has_devcomm = 0;
   }
   if (c->d_scratch) cudaFree(c->d_scratch);
@@ -477,7 +392,7 @@ static mokResult_t comm_release(mokComm_t c, const char *fn) {
   c->h_word = NULL;
   c->side = NULL;
   if (c->lb) {
-    lb_drop(c->lb);
+    mok_lb_drop(c->lb);
     c->lb = NULL;
   }
   if (c->owns_nccl && c->nccl) {
@@ -485,27 +400,19 @@ static mokResult_t comm_release(mokComm_t c, const char *fn) {
     if (r == ncclSuccess) r = ncclCommDestroy(c->nccl);
     else ncclCommAbort(c->nccl);
     if (r != ncclSuccess && st == mokSuccess)
-      st = comm_error(c, mokNcclError, "%s: destroying the NCCL communicator failed: %s", fn,
-                      ncclGetErrorString(r));
+      st = mok_comm_error(c, mokNcclError, "%s: destroying the NCCL communicator failed: %s", fn,
+                          ncclGetErrorString(r));
     c->nccl = NULL;
   }
   return st;
 }
 
-// The part of the config every rank must agree on, without padding bytes.
-typedef struct {
-  uint64_t workspace_bytes;
-  int64_t timeout_ms;
-  int64_t nranks;
-  int64_t version_major;
-} agreed_config;
-
-static mokResult_t comm_create(mokComm_t *comm, ncclComm_t nccl, const mokCommConfig_t *config, int owns) {
+mokResult_t mok_comm_create_on(mokComm_t *comm, ncclComm_t nccl, const mokCommConfig_t *config, int owns) {
   static const char fn[] = "mokCommCreate";
   if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
   if (!nccl) return mok_error(NULL, mokInvalidArgument, "%s: nccl is NULL", fn);
   mokCommConfig_t cfg;
-  MOK_CHECK(config_validate(fn, config, &cfg));
+  MOK_CHECK(mok_comm_config_validate(fn, config, &cfg));
 
   mokResult_t st = mokSuccess;
   int nranks = 0, rank = 0, device = 0, prev = -1;
@@ -539,7 +446,7 @@ static mokResult_t comm_create(mokComm_t *comm, ncclComm_t nccl, const mokCommCo
     a.timeout_ms = cfg.timeout_ms;
     a.nranks = nranks;
     a.version_major = MOK_VERSION_MAJOR;
-    C_MOK(agree(c, fn, &a, sizeof a, "mokCommConfig_t"));
+    C_MOK(mok_comm_agree(c, fn, &a, sizeof a, "mokCommConfig_t"));
   }
   if (nranks > 1) {  // one rank: no peers, and NCCL refuses symmetric memory there
     ncclDevCommRequirements reqs;
@@ -550,14 +457,14 @@ static mokResult_t comm_create(mokComm_t *comm, ncclComm_t nccl, const mokCommCo
     // one LSA team (one NVLink domain) with LSA rank = world rank. The same on every
     // rank, so all fail alike.
     if (c->devcomm.lsaSize != nranks || c->devcomm.lsaRank != rank) {
-      st = comm_error(c, mokNotSupported,
-                      "%s: rank %d of %d is in an NVLink (LSA) team of %d ranks (LSA rank %d): mok "
-                      "needs every rank to load/store every other rank's memory",
-                      fn, rank, nranks, c->devcomm.lsaSize, c->devcomm.lsaRank);
+      st = mok_comm_error(c, mokNotSupported,
+                          "%s: rank %d of %d is in an NVLink (LSA) team of %d ranks (LSA rank %d): mok "
+                          "needs every rank to load/store every other rank's memory",
+                          fn, rank, nranks, c->devcomm.lsaSize, c->devcomm.lsaRank);
       goto out;
     }
   }
-  C_MOK(ws_create(c, fn, cfg.workspace_bytes));
+  C_MOK(mok_comm_ws_create(c, fn, cfg.workspace_bytes));
   C_CUDA(cudaDeviceSynchronize());
   c->owns_nccl = owns;
   *comm = c;
@@ -567,7 +474,7 @@ out:
   {
     char msg[MOK_ERRMSG_LEN];
     snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    comm_release(c, fn);  // owns_nccl is 0 here: the caller keeps its NCCL comm
+    mok_comm_release(c, fn);  // owns_nccl is 0 here: the caller keeps its NCCL comm
     free(c);
     dev_leave(prev, device);
     mok_error(NULL, st, "%s", msg);
@@ -577,7 +484,7 @@ out:
 
 extern "C" mokResult_t mokCommCreate(mokComm_t *comm, ncclComm_t nccl, const mokCommConfig_t *config) {
   mok_clear_error();
-  return comm_create(comm, nccl, config, 0);
+  return mok_comm_create_on(comm, nccl, config, 0);
 }
 
 extern "C" mokResult_t mokCommDestroy(mokComm_t comm) {
@@ -590,8 +497,8 @@ extern "C" mokResult_t mokCommDestroy(mokComm_t comm) {
   mokResult_t st = mokSuccess;
   cudaError_t e = cudaDeviceSynchronize();
   if (e != cudaSuccess)
-    st = comm_error(c, mokCudaError, "%s: cudaDeviceSynchronize failed: %s", fn, cudaGetErrorString(e));
-  mokResult_t s = comm_release(c, fn);
+    st = mok_comm_error(c, mokCudaError, "%s: cudaDeviceSynchronize failed: %s", fn, cudaGetErrorString(e));
+  mokResult_t s = mok_comm_release(c, fn);
   if (st == mokSuccess) st = s;
   char msg[MOK_ERRMSG_LEN];
   snprintf(msg, sizeof msg, "%s", mokGetLastError());
@@ -616,10 +523,10 @@ extern "C" mokResult_t mokCommRankInfo(mokComm_t comm, int *rank, int *num_ranks
 extern "C" mokResult_t mokCommGetNccl(mokComm_t comm, ncclComm_t *nccl) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommGetNccl: comm is NULL");
-  if (!nccl) return comm_error(comm, mokInvalidArgument, "mokCommGetNccl: nccl is NULL");
+  if (!nccl) return mok_comm_error(comm, mokInvalidArgument, "mokCommGetNccl: nccl is NULL");
   if (comm->lb)
-    return comm_error(comm, mokNotSupported, "mokCommGetNccl: a loopback communicator (tests: several ranks on one "
-                      "GPU) has no NCCL communicator; what needs NCCL does not run on it");
+    return mok_comm_error(comm, mokNotSupported, "mokCommGetNccl: a loopback communicator (tests: several ranks on one "
+                          "GPU) has no NCCL communicator; what needs NCCL does not run on it");
   *nccl = comm->nccl;
   return mokSuccess;
 }
@@ -666,7 +573,7 @@ extern "C" void mok_errword_text(unsigned long long w, char *buf, size_t n) {
 extern "C" mokResult_t mokCommGetAsyncError(mokComm_t comm, mokResult_t *status) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommGetAsyncError: comm is NULL");
-  if (!status) return comm_error(comm, mokInvalidArgument, "mokCommGetAsyncError: status is NULL");
+  if (!status) return mok_comm_error(comm, mokInvalidArgument, "mokCommGetAsyncError: status is NULL");
   unsigned long long w = 0;
   MOK_CHECK(mok_comm_read_error_word(comm, &w));
   if (w == 0) {
@@ -716,7 +623,7 @@ extern "C" int mok_comm_find_symmetric(mokComm_t comm, const void *ptr, size_t b
 extern "C" mokResult_t mokCommWorkspaceSize(mokComm_t comm, size_t *bytes) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "mokCommWorkspaceSize: comm is NULL");
-  if (!bytes) return comm_error(comm, mokInvalidArgument, "mokCommWorkspaceSize: bytes is NULL");
+  if (!bytes) return mok_comm_error(comm, mokInvalidArgument, "mokCommWorkspaceSize: bytes is NULL");
   *bytes = comm->ws_total - MOK_COMM_CTRL_BYTES;
   return mokSuccess;
 }
@@ -726,7 +633,7 @@ extern "C" mokResult_t mokCommReserveWorkspace(mokComm_t comm, size_t bytes) {
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
   if (bytes > MOK_COMM_MAX_BYTES)
-    return comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be at most 2^40", fn, bytes);
+    return mok_comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be at most 2^40", fn, bytes);
   mokComm_t c = comm;
   const size_t want = (size_t)mok_round_up((int64_t)bytes, (int64_t)MOK_COMM_ALLOC_ALIGN);
   if (want <= c->ws_total - MOK_COMM_CTRL_BYTES) return mokSuccess;
@@ -735,9 +642,9 @@ extern "C" mokResult_t mokCommReserveWorkspace(mokComm_t comm, size_t bytes) {
   int prev = dev_enter(c->device);
   C_MOK(mok_comm_read_error_word(c, &w));
   if (w) {
-    st = comm_error(c, mokInvalidUsage,
-                    "%s: the communicator has a device error (see mokCommGetAsyncError); destroy and "
-                    "re-create it", fn);
+    st = mok_comm_error(c, mokInvalidUsage,
+                        "%s: the communicator has a device error (see mokCommGetAsyncError); destroy and "
+                        "re-create it", fn);
     goto out;
   }
   C_CUDA(cudaDeviceSynchronize());
@@ -745,7 +652,7 @@ extern "C" mokResult_t mokCommReserveWorkspace(mokComm_t comm, size_t bytes) {
   c->ws_ptr = NULL;
   c->ws_win = NULL;
   c->ws_total = 0;
-  C_MOK(ws_create(c, fn, want));
+  C_MOK(mok_comm_ws_create(c, fn, want));
 out:
   dev_leave(prev, c->device);
   return st;
@@ -755,15 +662,15 @@ extern "C" mokResult_t mokCommMemAlloc(mokComm_t comm, size_t bytes, void **ptr)
   static const char fn[] = "mokCommMemAlloc";
   mok_clear_error();
   if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
-  if (!ptr) return comm_error(comm, mokInvalidArgument, "%s: ptr is NULL", fn);
+  if (!ptr) return mok_comm_error(comm, mokInvalidArgument, "%s: ptr is NULL", fn);
   if (bytes < 1 || bytes > MOK_COMM_MAX_BYTES)
-    return comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be 1 .. 2^40", fn, bytes);
+    return mok_comm_error(comm, mokInvalidArgument, "%s: bytes = %zu: must be 1 .. 2^40", fn, bytes);
   mokComm_t c = comm;
   mokResult_t st = mokSuccess;
   int prev = dev_enter(c->device);
   struct symbuf *b = (struct symbuf *)calloc(1, sizeof *b);
   if (!b) {
-    st = comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
+    st = mok_comm_error(c, mokOutOfMemory, "%s: out of host memory", fn);
     goto out;
   }
   b->bytes = (size_t)mok_round_up((int64_t)bytes, (int64_t)MOK_COMM_ALLOC_ALIGN);
@@ -787,8 +694,8 @@ extern "C" mokResult_t mokCommMemFree(mokComm_t comm, void *ptr) {
   struct symbuf **pp = &c->bufs;
   while (*pp && (*pp)->ptr != ptr) pp = &(*pp)->next;
   if (!*pp)
-    return comm_error(c, mokInvalidArgument, "%s: ptr %p was not allocated by mokCommMemAlloc on this comm",
-                      fn, ptr);
+    return mok_comm_error(c, mokInvalidArgument, "%s: ptr %p was not allocated by mokCommMemAlloc on this comm",
+                          fn, ptr);
   struct symbuf *b = *pp;
   mokResult_t st = mokSuccess;
   int prev = dev_enter(c->device);
@@ -798,395 +705,6 @@ extern "C" mokResult_t mokCommMemFree(mokComm_t comm, void *ptr) {
   free(b);
 out:
   dev_leave(prev, c->device);
-  return st;
-}
-
-// ---- one process, one thread per GPU -------------------------------------------------
-typedef struct {
-  int rank, n, device;
-  ncclUniqueId id;
-  const mokCommConfig_t *cfg;
-  mokComm_t comm;       // out
-  ncclComm_t nccl;      // out
-  mokLocalFn_t fn;      // mokLocalRun
-  void *arg;
-  mokResult_t st;
-  char msg[MOK_ERRMSG_LEN];
-} local_job;
-
-static void job_fail(local_job *j, mokResult_t st, const char *msg) {
-  j->st = st;
-  snprintf(j->msg, sizeof j->msg, "%s", msg);
-}
-
-static void *local_create_thread(void *p) {
-  local_job *j = (local_job *)p;
-  if (cudaSetDevice(j->device) != cudaSuccess) {
-    job_fail(j, mokCudaError, "cudaSetDevice failed");
-    return NULL;
-  }
-  ncclResult_t r = ncclCommInitRank(&j->nccl, j->n, j->id, j->rank);
-  if (r != ncclSuccess) {
-    char m[MOK_ERRMSG_LEN];
-    snprintf(m, sizeof m, "ncclCommInitRank failed: %s", ncclGetErrorString(r));
-    job_fail(j, mokNcclError, m);
-    j->nccl = NULL;
-    return NULL;
-  }
-  mokResult_t st = comm_create(&j->comm, j->nccl, j->cfg, 1);
-  if (st != mokSuccess) job_fail(j, st, mokGetLastError());
-  return NULL;
-}
-
-static void *local_destroy_thread(void *p) {
-  local_job *j = (local_job *)p;
-  mokResult_t st = mokCommDestroy(j->comm);
-  if (st != mokSuccess) job_fail(j, st, mokGetLastError());
-  return NULL;
-}
-
-static void *local_run_thread(void *p) {
-  local_job *j = (local_job *)p;
-  if (cudaSetDevice(j->device) != cudaSuccess) {
-    job_fail(j, mokCudaError, "cudaSetDevice failed");
-    return NULL;
-  }
-  mok_clear_error();
-  mokResult_t st = j->fn(j->comm, j->rank, j->arg);
-  if (st != mokSuccess) job_fail(j, st, mokGetLastError());
-  return NULL;
-}
-
-// Runs body on one thread per job; returns the first failure (rank order).
-static mokResult_t run_threads(const char *fn, local_job *jobs, int n, void *(*body)(void *)) {
-  pthread_t *th = (pthread_t *)calloc((size_t)n, sizeof *th);
-  int *started = (int *)calloc((size_t)n, sizeof *started);
-  mokResult_t st = mokSuccess;
-  if (!th || !started) {
-    free(th);
-    free(started);
-    return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
-  }
-  for (int i = 0; i < n; i++) {
-    jobs[i].st = mokSuccess;
-    jobs[i].msg[0] = '\0';
-    started[i] = pthread_create(&th[i], NULL, body, &jobs[i]) == 0;
-    if (!started[i]) job_fail(&jobs[i], mokInternalError, "pthread_create failed");
-  }
-  for (int i = 0; i < n; i++)
-    if (started[i]) pthread_join(th[i], NULL);
-  for (int i = 0; i < n && st == mokSuccess; i++)
-    if (jobs[i].st != mokSuccess)
-      st = mok_error(NULL, jobs[i].st, "%s: rank %d (device %d): %s", fn, i, jobs[i].device, jobs[i].msg);
-  free(th);
-  free(started);
-  return st;
-}
-
-// mokInvalidArgument (mokNotSupported where no device at all) unless CUDA device `device`
-// exists; rank >= 0 names the rank that asked for it.
-static mokResult_t device_exists(const char *fn, int device, int rank) {
-  int count = 0;
-  if (cudaGetDeviceCount(&count) != cudaSuccess) {
-    cudaGetLastError();
-    count = 0;
-  }
-  if (device < count) return mokSuccess;
-  char who[32] = "";
-  if (rank >= 0) snprintf(who, sizeof who, " of rank %d", rank);
-  return mok_error(NULL, count ? mokInvalidArgument : mokNotSupported,
-                   "%s: device %d%s does not exist (%d CUDA device(s) visible)", fn, device, who, count);
-}
-
-extern "C" mokResult_t mokLocalCommsCreate(int ngpus, const int *devices, const mokCommConfig_t *config,
-                                           mokComm_t *comms) {
-  static const char fn[] = "mokLocalCommsCreate";
-  mok_clear_error();
-  if (ngpus < 1 || ngpus > MOK_COMM_MAX_RANKS)
-    return mok_error(NULL, mokInvalidArgument, "%s: ngpus = %d: must be 1 .. %d", fn, ngpus, MOK_COMM_MAX_RANKS);
-  if (!comms) return mok_error(NULL, mokInvalidArgument, "%s: comms is NULL", fn);
-  if (devices)
-    for (int i = 0; i < ngpus; i++) {
-      if (devices[i] < 0)
-        return mok_error(NULL, mokInvalidArgument, "%s: devices[%d] = %d is negative", fn, i, devices[i]);
-      for (int k = 0; k < i; k++)
-        if (devices[k] == devices[i])
-          return mok_error(NULL, mokInvalidArgument, "%s: devices[%d] and devices[%d] are both %d: one rank per GPU",
-                           fn, k, i, devices[i]);
-    }
-  mokCommConfig_t cfg;
-  MOK_CHECK(config_validate(fn, config, &cfg));
-  for (int i = 0; i < ngpus; i++) MOK_CHECK(device_exists(fn, devices ? devices[i] : i, i));
-  local_job *jobs = (local_job *)calloc((size_t)ngpus, sizeof *jobs);
-  if (!jobs) return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
-  ncclUniqueId id;
-  ncclResult_t r = ncclGetUniqueId(&id);
-  if (r != ncclSuccess) {
-    free(jobs);
-    return mok_error(NULL, mokNcclError, "%s: ncclGetUniqueId failed: %s", fn, ncclGetErrorString(r));
-  }
-  for (int i = 0; i < ngpus; i++) {
-    jobs[i].rank = i;
-    jobs[i].n = ngpus;
-    jobs[i].device = devices ? devices[i] : i;
-    jobs[i].id = id;
-    jobs[i].cfg = &cfg;
-  }
-  mokResult_t st = run_threads(fn, jobs, ngpus, local_create_thread);
-  if (st == mokSuccess) {
-    for (int i = 0; i < ngpus; i++) comms[i] = jobs[i].comm;
-  } else {
-    // Partial failure: tear down locally without collectives (abort), so no rank hangs.
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    for (int i = 0; i < ngpus; i++) {
-      if (jobs[i].comm) {
-        mokComm_t c = jobs[i].comm;
-        int prev = dev_enter(c->device);
-        cudaDeviceSynchronize();
-        if (c->nccl) ncclCommAbort(c->nccl);
-        c->nccl = NULL;
-        c->owns_nccl = 0;
-        c->has_devcomm = 0;
-        while (c->bufs) {
-          struct symbuf *b = c->bufs;
-          c->bufs = b->next;
-          free(b);
-        }
-        if (c->ws_ptr) ncclMemFree(c->ws_ptr);
-        c->ws_ptr = NULL;
-        c->ws_win = NULL;
-        comm_release(c, fn);
-        free(c);
-        dev_leave(prev, jobs[i].device);
-      } else if (jobs[i].nccl) {
-        ncclCommAbort(jobs[i].nccl);
-      }
-    }
-    mok_error(NULL, st, "%s", msg);
-  }
-  free(jobs);
-  return st;
-}
-
-// A loopback rank's comm: comm_create without NCCL (the same host state, config agreement
-// and workspace). Collective over the group's ranks; on failure every rank fails.
-static mokResult_t lb_create(mokComm_t *comm, struct loopback *lb, int rank, int device, const mokCommConfig_t *cfg) {
-  static const char fn[] = "mok_comm_create_loopback";
-  mokResult_t st = mokSuccess;
-  int prev = dev_enter(device);
-  mokComm_t c = (mokComm_t)calloc(1, sizeof *c);
-  int ok = c != NULL;
-  if (c) {
-    c->rank = rank, c->nranks = lb->n, c->device = device, c->cfg = *cfg, c->lb = lb;
-    __atomic_add_fetch(&lb->refs, 1, __ATOMIC_ACQ_REL);
-    ok = cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking) == cudaSuccess &&
-         cudaMallocHost((void **)&c->h_word, sizeof *c->h_word) == cudaSuccess &&
-         cudaMalloc((void **)&c->d_scratch, sizeof(char *) * MOK_COMM_MAX_RANKS) == cudaSuccess;
-    if (!ok) cudaGetLastError();
-  }
-  if (!lb_all_ok(lb, rank, ok)) {
-    st = mok_error(NULL, ok ? mokInternalError : mokOutOfMemory, "%s: rank %d: %s", fn, rank,
-                   ok ? "another rank could not set up" : "could not set up its stream and buffers");
-    goto out;
-  }
-  {
-    agreed_config a;
-    memset(&a, 0, sizeof a);
-    a.workspace_bytes = cfg->workspace_bytes;
-    a.timeout_ms = cfg->timeout_ms;
-    a.nranks = lb->n;
-    a.version_major = MOK_VERSION_MAJOR;
-    C_MOK(agree(c, fn, &a, sizeof a, "mokCommConfig_t"));
-  }
-  C_MOK(ws_create(c, fn, cfg->workspace_bytes));
-  {
-    const cudaError_t e = cudaDeviceSynchronize();
-    if (!lb_all_ok(lb, rank, e == cudaSuccess)) {
-      st = comm_error(c, mokCudaError, "%s: rank %d: %s", fn, rank,
-                      e == cudaSuccess ? "another rank's device failed" : cudaGetErrorString(e));
-      goto out;
-    }
-  }
-  *comm = c;
-  dev_leave(prev, device);
-  return mokSuccess;
-out:
-  if (c) {
-    char msg[MOK_ERRMSG_LEN];
-    snprintf(msg, sizeof msg, "%s", mokGetLastError());
-    comm_release(c, fn);
-    free(c);
-    mok_error(NULL, st, "%s", msg);
-  }
-  dev_leave(prev, device);
-  return st;
-}
-
-typedef struct {
-  local_job job;
-  struct loopback *lb;
-} lb_job;
-
-static mokResult_t lb_preload(const char *fn, int device);
-
-static void *local_loopback_thread(void *p) {
-  lb_job *j = (lb_job *)p;
-  if (cudaSetDevice(j->job.device) != cudaSuccess) {
-    lb_all_ok(j->lb, j->job.rank, 0); /* (lb_create's first meeting: the others fail there too) */
-    job_fail(&j->job, mokCudaError, "cudaSetDevice failed");
-    return NULL;
-  }
-  mokResult_t st = lb_create(&j->job.comm, j->lb, j->job.rank, j->job.device, j->job.cfg);
-  if (st != mokSuccess) job_fail(&j->job, st, mokGetLastError());
-  return NULL;
-}
-
-extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config,
-                                                mokComm_t *comms) {
-  static const char fn[] = "mok_comm_create_loopback";
-  mok_clear_error();
-  if (nranks < 1 || nranks > MOK_COMM_MAX_RANKS)
-    return mok_error(NULL, mokInvalidArgument, "%s: nranks = %d: must be 1 .. %d", fn, nranks, MOK_COMM_MAX_RANKS);
-  if (!comms) return mok_error(NULL, mokInvalidArgument, "%s: comms is NULL", fn);
-  if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device %d is negative", fn, device);
-  mokCommConfig_t cfg;
-  MOK_CHECK(config_validate(fn, config, &cfg));
-  MOK_CHECK(device_exists(fn, device, -1));
-  MOK_CHECK(lb_preload(fn, device));
-  struct loopback *lb = (struct loopback *)calloc(1, sizeof *lb);
-  lb_job *jobs = (lb_job *)calloc((size_t)nranks, sizeof *jobs);
-  pthread_t *th = (pthread_t *)calloc((size_t)nranks, sizeof *th);
-  if (!lb || !jobs || !th) {
-    free(lb);
-    free(jobs);
-    free(th);
-    return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
-  }
-  lb->n = nranks;
-  lb->wait_s = 2 + 3 * ((cfg.timeout_ms + 999) / 1000); /* (beyond a device wait's budget) */
-  pthread_mutex_init(&lb->mu, NULL);
-  pthread_cond_init(&lb->cv, NULL);
-  __atomic_store_n(&lb->refs, 1, __ATOMIC_RELAXED); /* this function's, dropped below */
-  for (int i = 0; i < nranks; i++) {
-    jobs[i].job.rank = i, jobs[i].job.n = nranks, jobs[i].job.device = device, jobs[i].job.cfg = &cfg;
-    jobs[i].lb = lb;
-  }
-  mokResult_t st = mokSuccess;
-  int started = 0;
-  for (; started < nranks; started++)
-    if (pthread_create(&th[started], NULL, local_loopback_thread, &jobs[started]) != 0) break;
-  if (started < nranks) { /* the started ranks would wait for the missing one: release them */
-    st = mok_error(NULL, mokInternalError, "%s: pthread_create failed for rank %d", fn, started);
-    lb_abort(lb);
-  }
-  for (int i = 0; i < started; i++) pthread_join(th[i], NULL);
-  for (int i = 0; i < started && st == mokSuccess; i++)
-    if (jobs[i].job.st != mokSuccess)
-      st = mok_error(NULL, jobs[i].job.st, "%s: rank %d (device %d): %s", fn, i, device, jobs[i].job.msg);
-  for (int i = 0; i < nranks; i++) {
-    if (st != mokSuccess && jobs[i].job.comm) { /* (aborted: some ranks made theirs) */
-      mokComm_t c = jobs[i].job.comm;
-      int prev = dev_enter(device);
-      cudaDeviceSynchronize();
-      comm_release(c, fn); /* sym_free: no waiting in an aborted group */
-      free(c);
-      dev_leave(prev, device);
-      jobs[i].job.comm = NULL;
-    }
-    comms[i] = jobs[i].job.comm;
-  }
-  if (st != mokSuccess) lb_abort(lb);
-  lb_drop(lb);
-  free(th);
-  free(jobs);
-  return st;
-}
-
-extern "C" mokResult_t mokLocalCommsDestroy(int ngpus, mokComm_t *comms) {
-  static const char fn[] = "mokLocalCommsDestroy";
-  mok_clear_error();
-  if (ngpus < 0 || ngpus > MOK_COMM_MAX_RANKS)
-    return mok_error(NULL, mokInvalidArgument, "%s: ngpus = %d: must be 0 .. %d", fn, ngpus, MOK_COMM_MAX_RANKS);
-  if (ngpus > 0 && !comms) return mok_error(NULL, mokInvalidArgument, "%s: comms is NULL", fn);
-  if (ngpus == 0) return mokSuccess;
-  local_job *jobs = (local_job *)calloc((size_t)ngpus, sizeof *jobs);
-  if (!jobs) return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
-  for (int i = 0; i < ngpus; i++) {
-    jobs[i].rank = i;
-    jobs[i].comm = comms[i];
-    jobs[i].device = comms[i] ? comms[i]->device : -1;
-  }
-  mokResult_t st = run_threads(fn, jobs, ngpus, local_destroy_thread);
-  for (int i = 0; i < ngpus; i++) comms[i] = NULL;
-  free(jobs);
-  return st;
-}
-
-static_assert(sizeof(mokUniqueId_t) == sizeof(ncclUniqueId), "mokUniqueId_t holds an ncclUniqueId");
-
-extern "C" mokResult_t mokGetUniqueId(mokUniqueId_t *id) {
-  static const char fn[] = "mokGetUniqueId";
-  mok_clear_error();
-  if (!id) return mok_error(NULL, mokInvalidArgument, "%s: id is NULL", fn);
-  ncclUniqueId u;
-  ncclResult_t r = ncclGetUniqueId(&u);
-  if (r != ncclSuccess) return mok_error(NULL, mokNcclError, "%s: ncclGetUniqueId failed: %s", fn, ncclGetErrorString(r));
-  memcpy(id->internal, &u, sizeof u);
-  return mokSuccess;
-}
-
-extern "C" mokResult_t mokCommInitRank(mokComm_t *comm, int num_ranks, const mokUniqueId_t *id, int rank, int device,
-                                       const mokCommConfig_t *config) {
-  static const char fn[] = "mokCommInitRank";
-  mok_clear_error();
-  if (!comm) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
-  if (!id) return mok_error(NULL, mokInvalidArgument, "%s: id is NULL", fn);
-  if (num_ranks < 1 || num_ranks > MOK_COMM_MAX_RANKS)
-    return mok_error(NULL, mokInvalidArgument, "%s: num_ranks = %d: must be 1 .. %d", fn, num_ranks,
-                     MOK_COMM_MAX_RANKS);
-  if (rank < 0 || rank >= num_ranks)
-    return mok_error(NULL, mokInvalidArgument, "%s: rank = %d: must be 0 .. %d", fn, rank, num_ranks - 1);
-  if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device = %d is negative", fn, device);
-  mokCommConfig_t cfg;
-  MOK_CHECK(config_validate(fn, config, &cfg));
-  MOK_CHECK(device_exists(fn, device, -1));
-  int prev = dev_enter(device);
-  ncclUniqueId u;
-  memcpy(&u, id->internal, sizeof u);
-  ncclComm_t nccl = NULL;
-  ncclResult_t r = ncclCommInitRank(&nccl, num_ranks, u, rank);
-  mokResult_t st = mokSuccess;
-  if (r != ncclSuccess) {
-    st = mok_error(NULL, mokNcclError, "%s: rank %d of %d: ncclCommInitRank failed: %s", fn, rank, num_ranks,
-                   ncclGetErrorString(r));
-  } else if ((st = comm_create(comm, nccl, &cfg, 1)) != mokSuccess) {
-    ncclCommAbort(nccl);  // comm_create failed on every rank alike; it left the NCCL comm to us
-  }
-  dev_leave(prev, device);
-  return st;
-}
-
-extern "C" mokResult_t mokLocalRun(int ngpus, mokComm_t *comms, mokLocalFn_t fn_, void *arg) {
-  static const char fn[] = "mokLocalRun";
-  mok_clear_error();
-  if (ngpus < 1 || ngpus > MOK_COMM_MAX_RANKS)
-    return mok_error(NULL, mokInvalidArgument, "%s: ngpus = %d: must be 1 .. %d", fn, ngpus, MOK_COMM_MAX_RANKS);
-  if (!comms) return mok_error(NULL, mokInvalidArgument, "%s: comms is NULL", fn);
-  if (!fn_) return mok_error(NULL, mokInvalidArgument, "%s: fn is NULL", fn);
-  for (int i = 0; i < ngpus; i++)
-    if (!comms[i]) return mok_error(NULL, mokInvalidArgument, "%s: comms[%d] is NULL", fn, i);
-  local_job *jobs = (local_job *)calloc((size_t)ngpus, sizeof *jobs);
-  if (!jobs) return mok_error(NULL, mokOutOfMemory, "%s: out of host memory", fn);
-  for (int i = 0; i < ngpus; i++) {
-    jobs[i].rank = i;
-    jobs[i].comm = comms[i];
-    jobs[i].device = comms[i]->device;
-    jobs[i].fn = fn_;
-    jobs[i].arg = arg;
-  }
-  mokResult_t st = run_threads(fn, jobs, ngpus, local_run_thread);
-  free(jobs);
   return st;
 }
 
@@ -1226,7 +744,7 @@ __global__ void k_plant_error(mokCommDev c, unsigned long long word) { mok_recor
 // loads it, and a load can wait for the kernels running on the device, among them another
 // rank's kernel waiting at a barrier for this launch (a deadlock that ends at the timeout).
 // Loading the comm's kernels here, before any rank runs, keeps its own launches out of that.
-static mokResult_t lb_preload(const char *fn, int device) {
+mokResult_t mok_comm_lb_preload(const char *fn, int device) {
   const void *k[] = {(const void *)k_barriers, (const void *)k_plant_error};
   const int prev = dev_enter(device);
   cudaError_t e = cudaSuccess;
@@ -1251,14 +769,14 @@ extern "C" mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int 
   mokCommDev dev;
   C_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, c->device));
   if (blocks < 1 || blocks > sms || threads < 32 || threads > 1024 || count < 0) {
-    st = comm_error(c, mokInvalidArgument, "%s: blocks = %d (1 .. %d SMs), threads = %d (32 .. 1024), count = %d",
-                    fn, blocks, sms, threads, count);
+    st = mok_comm_error(c, mokInvalidArgument, "%s: blocks = %d (1 .. %d SMs), threads = %d (32 .. 1024), count = %d",
+                        fn, blocks, sms, threads, count);
     goto out;
   }
   C_MOK(mok_comm_device_view(c, &dev));
   if (check && (size_t)c->nranks * (size_t)blocks * 4 > dev.ws_bytes) {
-    st = comm_error(c, mokInvalidArgument, "%s: check needs %zu workspace bytes", fn,
-                    (size_t)c->nranks * (size_t)blocks * 4);
+    st = mok_comm_error(c, mokInvalidArgument, "%s: check needs %zu workspace bytes", fn,
+                        (size_t)c->nranks * (size_t)blocks * 4);
     goto out;
   }
   k_barriers<<<blocks, threads, 0, stream>>>(dev, count, check, base);
