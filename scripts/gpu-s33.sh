@@ -7,6 +7,8 @@
 #   ctas   the megakernel layer tests at one rank with MOK_MEGA_CTAS = 0 (the rule) and odd
 #          counts (does the megakernel alone hang at some CTA count?)
 #   loop4  layer_mega_matches_reference_loopback five times (the 4-rank flake)
+#   lbctas the loopback layer tests with MOK_MEGA_CTAS = 130 and 128 (a share of them a rank:
+#          65 / 32 at 2 / 4 ranks, which timed out in session 32)
 #   full   the full C suite
 #   ep1    mok bench layer, mega beside nccl, qwen3.5 T=8192, one GPU
 #   warm   the L2 warmer experiment (scripts/exp/l2-warm.diff patched into the tree; last)
@@ -45,6 +47,12 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   fi
   if has loop4; then
     for i in 1 2 3 4 5; do timeout 90 build/mok_tests layer_mega_matches_reference_loopback 2>&1 | grep -E "^(ok|FAIL)|rror|timed out" | head -4; done
+  fi
+  if has lbctas; then
+    for c in ${LBCTAS:-130 128}; do
+      echo "-- MOK_MEGA_CTAS=$c (loopback)"
+      MOK_MEGA_CTAS=$c timeout 120 build/mok_tests layer_mega_matches_reference_loopback layer_mega_recv_capacity_loopback 2>&1 | grep -E "^(ok|FAIL)|rror|timed out|passed" | head -8
+    done
   fi
   if has full; then
     t0=$(date +%s)

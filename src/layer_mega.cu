@@ -80,18 +80,17 @@ __global__ void k_dtopk_dy(const uint16_t *__restrict__ dout, const float *__res
 }
 
 /* The megakernel's CTAs: every SM, or a share where ranks share the GPU (loopback ranks
- * in tests: each rank's launch must have all its CTAs resident beside the others'), or
- * MOK_MEGA_CTAS (diagnostics; more than the SMs is refused by the launch). */
+ * in tests: each rank's launch must have all its CTAs resident beside the others'); with
+ * MOK_MEGA_CTAS (diagnostics) that many shared the same way instead of the SMs. */
 static void mega_ctas(mokLayer_t l, int *ctas, int *comm_ctas) {
   struct mok_gpu_layer *g = l->gpu;
   const int share = mok_comm_device_share(l->comm);
   *ctas = 0, *comm_ctas = g->mega_comm_ctas;
-  if (share > 1) {
-    int sms = 0;
-    cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
-    *ctas = sms / share;
+  if (share > 1 || g->mega_ctas > 0) {
+    int sms = g->mega_ctas;
+    if (sms <= 0) cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, g->device);
+    *ctas = sms / share > 0 ? sms / share : 1;
   }
-  if (g->mega_ctas > 0) *ctas = g->mega_ctas;
   if (*ctas > 0 && *comm_ctas > *ctas / 4) *comm_ctas = *ctas / 4 > 0 ? *ctas / 4 : 1;
 }
 
