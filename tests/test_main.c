@@ -76,8 +76,9 @@ static double now_s(void) {
 
 int main(int argc, char **argv) {
   /* Loopback ranks (several ranks' kernels on one GPU, some waiting for others): a lazily
-   * loaded module's data can make a launch wait for the running kernels (comm.h); load it
-   * at once. Before the first CUDA call; a caller's own setting wins. */
+   * loaded kernel or module's data can make a launch wait for the running kernels (comm.h);
+   * load them all at once. Before the first CUDA call; a caller's own setting wins. */
+  setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   setenv("CUDA_MODULE_DATA_LOADING", "EAGER", 0);
   const char *env = getenv("MOK_TEST_SEED");
   g_seed = env ? strtoull(env, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)clock();
