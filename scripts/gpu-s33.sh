@@ -10,7 +10,6 @@
 #   lbctas the loopback layer tests with MOK_MEGA_CTAS = 130 and 128 (a share of them a rank:
 #          65 / 32 at 2 / 4 ranks, which timed out in session 32)
 #   lazy   lbctas's first test with CUDA_MODULE_LOADING=LAZY (mok_tests sets EAGER since session 33)
-#   pooldeps  as lazy, with the memory pool's cross-stream reuse left on (MOK_LOOPBACK_POOL_DEPS=1)
 #   full   the full C suite
 #   ep1    mok bench layer, mega beside nccl, qwen3.5 T=8192, one GPU
 #   warm   the L2 warmer experiment (scripts/exp/l2-warm.diff patched into the tree; last)
@@ -60,12 +59,6 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     for c in ${LBCTAS:-130 128}; do
       echo "-- MOK_MEGA_CTAS=$c (loopback) CUDA_MODULE_LOADING=LAZY"
       CUDA_MODULE_LOADING=LAZY MOK_MEGA_CTAS=$c timeout 120 build/mok_tests layer_mega_matches_reference_loopback 2>&1 | grep -E "^(ok|FAIL)|rror|timed out|passed" | head -8
-    done
-  fi
-  if has pooldeps; then
-    for c in ${LBCTAS:-130}; do
-      echo "-- MOK_MEGA_CTAS=$c (loopback) MOK_LOOPBACK_POOL_DEPS=1"
-      MOK_LOOPBACK_POOL_DEPS=1 MOK_MEGA_CTAS=$c timeout 120 build/mok_tests layer_mega_matches_reference_loopback 2>&1 | grep -E "^(ok|FAIL)|rror|timed out|passed" | head -8
     done
   fi
   if has full; then

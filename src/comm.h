@@ -143,9 +143,7 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * for itself (CUDA's lazy-loading notes: set CUDA_MODULE_LOADING=EAGER (and
  * CUDA_MODULE_DATA_LOADING=EAGER) before the first CUDA call, as mok_tests does, or load each
  * kernel first with cudaFuncGetAttributes).
- * The comm's own kernels are loaded here, and the device's default memory pool stops adding
- * cross-stream dependencies to its allocations (cudaMemPoolReuseAllowInternalDependencies
- * off: a rank's allocation could otherwise wait for a peer's stream). */
+ * The comm's own kernels are loaded here. */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */

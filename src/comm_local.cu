@@ -250,32 +250,6 @@ static void *local_loopback_thread(void *p) {
   return NULL;
 }
 
-// Loopback ranks share the device's default memory pool, and by default an allocation from
-// it may make the allocating stream wait for another stream's pending free
-// (cudaMemPoolReuseAllowInternalDependencies): one rank's stream could then wait for a peer's
-// stream whose kernel waits at a barrier for this rank's later work (a deadlock that ends at
-// the timeout). Loopback groups turn that reuse off for the device (test only: it changes
-// the process's pool; frees already completed are still reused). MOK_LOOPBACK_POOL_DEPS=1
-// leaves the pool as it is (diagnostics).
-static mokResult_t lb_pool_no_internal_deps(const char *fn, int device) {
-  const char *keep = getenv("MOK_LOOPBACK_POOL_DEPS");
-  if (keep && !strcmp(keep, "1")) return mokSuccess;
-  int pools = 0;
-  if (cudaDeviceGetAttribute(&pools, cudaDevAttrMemoryPoolsSupported, device) != cudaSuccess || !pools) {
-    cudaGetLastError();
-    return mokSuccess;
-  }
-  cudaMemPool_t pool;
-  int off = 0;
-  cudaError_t e = cudaDeviceGetDefaultMemPool(&pool, device);
-  if (e == cudaSuccess) e = cudaMemPoolSetAttribute(pool, cudaMemPoolReuseAllowInternalDependencies, &off);
-  if (e != cudaSuccess) {
-    cudaGetLastError();
-    return mok_error(NULL, mokCudaError, "%s: setting the device's memory pool failed: %s", fn, cudaGetErrorString(e));
-  }
-  return mokSuccess;
-}
-
 extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config,
                                                 mokComm_t *comms) {
   static const char fn[] = "mok_comm_create_loopback";
@@ -288,7 +262,6 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
   MOK_CHECK(mok_comm_config_validate(fn, config, &cfg));
   MOK_CHECK(device_exists(fn, device, -1));
   MOK_CHECK(mok_comm_lb_preload(fn, device));
-  MOK_CHECK(lb_pool_no_internal_deps(fn, device));
   struct loopback *lb = (struct loopback *)calloc(1, sizeof *lb);
   lb_job *jobs = (lb_job *)calloc((size_t)nranks, sizeof *jobs);
   pthread_t *th = (pthread_t *)calloc((size_t)nranks, sizeof *th);
