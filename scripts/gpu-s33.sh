@@ -37,7 +37,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   if has tests; then
     t0=$(date +%s)
     for i in 1 2 3; do timeout 60 build/mok_tests comm_loopback_ranks_1gpu 2>&1 | grep -E "^(ok|FAIL)"; done
-    timeout 300 build/mok_tests ep_ schedule_ layer_mega 2>&1 | grep -vE "^ok " | tail -20
+    timeout 300 build/mok_tests ep_ schedule_ layer_mega comm_loopback_refuses 2>&1 | grep -vE "^ok " | tail -20
     echo "tests: $(( $(date +%s) - t0 )) s"
   fi
   if has ctas; then
