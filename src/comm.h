@@ -86,7 +86,7 @@ typedef struct mokCommDev {
   X(MOK_WAIT_GRID, 1, "grid barrier (waiting for the other CTAs of this rank)", "barrier") \
   X(MOK_WAIT_PEER, 2, "cross-rank barrier", "waiting for rank")                         \
   X(MOK_WAIT_FLAG, 3, "flag wait", "flag index")                                        \
-  X(MOK_WAIT_TEST, 4, "test-planted error", "detail")                                   \
+  X(MOK_WAIT_TEST, 4, "test kernel (a planted error, or a barrier check that failed)", "detail") \
   X(MOK_WAIT_GEMM_LOAD, 5, "expert GEMM: wait for a stage's TMA load", "tile")          \
   X(MOK_WAIT_GEMM_SLOT, 6, "expert GEMM: wait for a free pipeline stage", "tile")       \
   X(MOK_WAIT_GEMM_SCHED, 7, "expert GEMM: wait for the tile scheduler", "slot")        \
