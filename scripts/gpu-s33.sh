@@ -9,7 +9,7 @@
 #   loop4  layer_mega_matches_reference_loopback five times (the 4-rank flake)
 #   lbctas the loopback layer tests with MOK_MEGA_CTAS = 130 and 128 (a share of them a rank:
 #          65 / 32 at 2 / 4 ranks, which timed out in session 32)
-#   lazy   lbctas's first test with CUDA_MODULE_LOADING=LAZY (mok_tests sets EAGER since session 33)
+#   lazy   lbctas's first test with CUDA_MODULE_LOADING=LAZY (session 34: mok loads its kernels ahead)
 #   full   the full C suite
 #   ep1    mok bench layer, mega beside nccl, qwen3.5 T=8192, one GPU
 #   warm   the L2 warmer experiment (scripts/exp/l2-warm.diff patched into the tree; last)
@@ -37,7 +37,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
   if has tests; then
     t0=$(date +%s)
     for i in 1 2 3; do timeout 60 build/mok_tests comm_loopback_ranks_1gpu 2>&1 | grep -E "^(ok|FAIL)"; done
-    timeout 300 build/mok_tests ep_ schedule_ layer_mega comm_loopback_refuses 2>&1 | grep -vE "^ok " | tail -20
+    timeout 300 build/mok_tests ep_ schedule_ layer_mega comm_loopback_loads 2>&1 | grep -vE "^ok " | tail -20
     echo "tests: $(( $(date +%s) - t0 )) s"
   fi
   if has ctas; then

@@ -41,6 +41,7 @@
 #include "comm.h"
 #include "gemm.h"
 #include "internal.h"
+#include "kernels_load.h"
 #include "schedule_dev.h"
 #include "workspace.h"
 
@@ -1343,4 +1344,10 @@ extern "C" mokResult_t mokLayerMemoryInfo(mokLayer_t l, size_t *layer_bytes, siz
   if (layer_bytes) *layer_bytes = l->gpu->fixed_bytes + mok_devbuf_held(&l->gpu->saved);
   if (comm_scratch_bytes) *comm_scratch_bytes = mok_devbuf_held(mok_comm_scratch(l->comm));
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_baseline(void) {
+  mokKernelAnchor a = {"src/baseline.cu", (const void *)k_take_status, {NULL}};
+  return a;
 }

@@ -14,6 +14,7 @@
 #include "comm_host.h"
 #include "comm_device.cuh"
 #include "internal.h"
+#include "kernels_load.h"
 #include "workspace.h"
 
 #include <cuda_runtime.h>
@@ -436,6 +437,10 @@ mokResult_t mok_comm_create_on(mokComm_t *comm, ncclComm_t nccl, const mokCommCo
   c->nccl = nccl;
   c->cfg = cfg;
   prev = dev_enter(device);
+  // A rank's kernels wait for its peers' (and NCCL's for theirs): under CUDA's lazy loading
+  // a first launch could wait for them in turn (kernels_load.h), so every mok kernel is
+  // loaded now. Before the first collective: a driver too old to do it fails every rank.
+  C_MOK(mok_kernels_load(fn, device, 1, NULL));
   C_CUDA(cudaStreamCreateWithFlags(&c->side, cudaStreamNonBlocking));
   C_CUDA(cudaMallocHost((void **)&c->h_word, sizeof *c->h_word));
   C_CUDA(cudaMalloc((void **)&c->d_scratch, sizeof(char *) * MOK_COMM_MAX_RANKS));
@@ -740,24 +745,6 @@ __global__ void k_barriers(mokCommDev c, int count, int check, uint32_t base) {
 
 __global__ void k_plant_error(mokCommDev c, unsigned long long word) { mok_record_error(c, word); }
 
-// Loopback ranks share one context: under CUDA's lazy loading, the first launch of a kernel
-// loads it, and a load can wait for the kernels running on the device, among them another
-// rank's kernel waiting at a barrier for this launch (a deadlock that ends at the timeout).
-// Loading the comm's kernels here, before any rank runs, keeps its own launches out of that.
-mokResult_t mok_comm_lb_preload(const char *fn, int device) {
-  const void *k[] = {(const void *)k_barriers, (const void *)k_plant_error};
-  const int prev = dev_enter(device);
-  cudaError_t e = cudaSuccess;
-  for (int i = 0; i < 2 && e == cudaSuccess; i++) {
-    cudaFuncAttributes a;
-    e = cudaFuncGetAttributes(&a, k[i]);
-  }
-  dev_leave(prev, device);
-  if (e != cudaSuccess)
-    return mok_error(NULL, mokCudaError, "%s: loading the comm kernels failed: %s", fn, cudaGetErrorString(e));
-  return mokSuccess;
-}
-
 extern "C" mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int threads, int count,
                                                 int check, uint32_t base, cudaStream_t stream) {
   static const char fn[] = "mok_comm_launch_barriers";
@@ -799,4 +786,10 @@ extern "C" mokResult_t mok_comm_launch_plant_error(mokComm_t comm, unsigned long
 out:
   dev_leave(prev, c->device);
   return st;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_comm(void) {
+  mokKernelAnchor a = {"src/comm.cu", (const void *)k_plant_error, {NULL}};
+  return a;
 }

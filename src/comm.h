@@ -140,9 +140,9 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * grids that fit the device together (mok bench stream --two-streams checks a machine),
  * and every kernel a rank launches while another rank's kernel waits for it loaded before
  * the ranks run: with lazy loading a first launch can wait for the running kernels, and so
- * for itself. So loopback ranks need CUDA_MODULE_LOADING=EAGER, set before the process's
- * first CUDA call (mok_tests sets it, and CUDA_MODULE_DATA_LOADING=EAGER): under lazy
- * loading this returns mokInvalidUsage saying so. */
+ * for itself. So this loads every mok kernel first (kernels_load.h; nothing to do under
+ * CUDA_MODULE_LOADING=EAGER); kernels of the caller's own that a rank launches while
+ * another waits must be loaded by the caller (cudaFuncGetAttributes loads one). */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */

@@ -88,8 +88,6 @@ mokResult_t mok_comm_agree(mokComm_t c, const char *fn, const void *blob, size_t
 mokResult_t mok_comm_release(mokComm_t c, const char *fn);
 /* A comm on the caller's NCCL communicator (owns: destroyed with it); collective. */
 mokResult_t mok_comm_create_on(mokComm_t *comm, ncclComm_t nccl, const mokCommConfig_t *config, int owns);
-/* The comm kernels loaded on device (loopback ranks: see comm.cu). */
-mokResult_t mok_comm_lb_preload(const char *fn, int device);
 
 // Inside functions with `mokResult_t st` and an `out:` label that restores state.
 #define C_CUDA(call)                                                                        \

@@ -5,8 +5,7 @@
  * (mokGetUniqueId, mokCommInitRank). The comm itself: comm.cu (comm_host.h).
  */
 #include "comm_host.h"
-
-#include <cuda.h> /* CUmoduleLoadingMode */
+#include "kernels_load.h"
 
 #include <pthread.h>
 #include <stdio.h>
@@ -252,29 +251,6 @@ static void *local_loopback_thread(void *p) {
   return NULL;
 }
 
-// Loopback ranks need every kernel loaded before the ranks run: under CUDA's lazy loading a
-// first launch can wait for the running kernels, among them a peer's kernel waiting at a
-// barrier for this launch (a deadlock the barrier's timeout ends; measured on an H100 in
-// session 33: the megakernel layer tests timed out with CUDA_MODULE_LOADING=LAZY and passed
-// with EAGER). mokInvalidUsage under lazy loading, naming the fix.
-static mokResult_t lb_needs_eager_loading(const char *fn) {
-  typedef CUresult (*get_mode_t)(CUmoduleLoadingMode *);
-  void *p = NULL;
-  cudaDriverEntryPointQueryResult q;
-  if (cudaGetDriverEntryPointByVersion("cuModuleGetLoadingMode", &p, 11070, cudaEnableDefault, &q) != cudaSuccess ||
-      q != cudaDriverEntryPointSuccess || !p) {
-    cudaGetLastError();
-    return mokSuccess; /* (a driver without the query: no lazy loading to fear) */
-  }
-  CUmoduleLoadingMode mode = CU_MODULE_EAGER_LOADING;
-  if (((get_mode_t)p)(&mode) != CUDA_SUCCESS) return mokSuccess;
-  if (mode == CU_MODULE_LAZY_LOADING)
-    return mok_error(NULL, mokInvalidUsage, "%s: loopback ranks need CUDA's eager module loading (lazy loading can make "
-                     "a rank's first launch of a kernel wait for a peer's kernel that waits for it): set "
-                     "CUDA_MODULE_LOADING=EAGER before the process's first CUDA call (mok_tests does)", fn);
-  return mokSuccess;
-}
-
 extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config,
                                                 mokComm_t *comms) {
   static const char fn[] = "mok_comm_create_loopback";
@@ -286,8 +262,9 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
   mokCommConfig_t cfg;
   MOK_CHECK(mok_comm_config_validate(fn, config, &cfg));
   MOK_CHECK(device_exists(fn, device, -1));
-  MOK_CHECK(lb_needs_eager_loading(fn));
-  MOK_CHECK(mok_comm_lb_preload(fn, device));
+  // Ranks' kernels wait for each other's: every kernel loaded before any rank runs
+  // (kernels_load.h: under lazy loading a first launch can wait for a waiting kernel).
+  MOK_CHECK(mok_kernels_load(fn, device, 1, NULL));
   struct loopback *lb = (struct loopback *)calloc(1, sizeof *lb);
   lb_job *jobs = (lb_job *)calloc((size_t)nranks, sizeof *jobs);
   pthread_t *th = (pthread_t *)calloc((size_t)nranks, sizeof *th);

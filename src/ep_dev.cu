@@ -12,6 +12,7 @@
 #include "internal.h"       /* defines: mok_error, CUDA_CHECK */
 #include "route_rows.cuh"   /* defines: mok_dtopk_dy_row */
 #include "schedule.h"       /* defines: mok_route_decode */
+#include "kernels_load.h"
 
 namespace {
 
@@ -148,4 +149,10 @@ extern "C" mokResult_t mok_ep_dtopk_dy_launch(const mokEpPull_t *p, cudaStream_t
   k_ep_dtopk_dy<<<grid_of(p->max_rows, 8), 256, 0, stream>>>(*p);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_ep_dev(void) {
+  mokKernelAnchor a = {"src/ep_dev.cu", (const void *)k_ep_slots, {NULL}};
+  return a;
 }

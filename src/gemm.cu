@@ -17,6 +17,7 @@
 
 #include "gemm/grouped_gemm.cuh" /* defines: mok_sm90::grouped_gemm_kernel, GemmTileArgs */
 #include "internal.h"            /* defines: mok_error, CUDA_CHECK */
+#include "kernels_load.h"
 
 using namespace mok_sm90;
 
@@ -1125,4 +1126,11 @@ extern "C" mokResult_t mok_gemm_count_nan(const void *src, int64_t rows, int col
   count_nan_kernel<<<1024, 256, 0, stream>>>(src, rows * (int64_t)cols, fp32, bad);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_gemm(void) {
+  mokKernelAnchor a = {"src/gemm.cu", (const void *)fill_rows_kernel,
+                       {(const void *)g_gemm_sched, (const void *)&g_gemm_error, NULL}};
+  return a;
 }

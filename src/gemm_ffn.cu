@@ -10,6 +10,7 @@
 
 #include "gemm/ffn_fwd.cuh" /* defines: mok_sm90::ffn_fwd_kernel, FfnArgs */
 #include "internal.h"       /* defines: mok_error, CUDA_CHECK */
+#include "kernels_load.h"
 
 using namespace mok_sm90;
 
@@ -102,4 +103,11 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   kernel<<<(unsigned)sms, kThreads, (size_t)smem, stream>>>(f);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_gemm_ffn(void) {
+  mokKernelAnchor a = {"src/gemm_ffn.cu", (const void *)ffn_fwd_kernel<kTokRing128>,
+                       {(const void *)g_ffn_ready, (const void *)g_mega_ready, NULL}};
+  return a;
 }

@@ -22,6 +22,7 @@
 #include "layer_gpu.h"
 #include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
 #include "schedule_dev.h"
+#include "kernels_load.h"
 
 /* ---- kernels -------------------------------------------------------------------------- */
 /* mokImplMega's combine: out[t] = bf16(base[t] + sum_j w[t,j] * y[row[t,j]]) straight
@@ -643,4 +644,10 @@ mokResult_t mok_lg_mega_ep_backward(mokLayer_t l, const mokRankInput_t *in, cons
   mok_lg_prof_mark(g, "shared+combine", st);
   mok_lg_prof_report(g, "bwd", rank);
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_layer_mega(void) {
+  mokKernelAnchor a = {"src/layer_mega.cu", (const void *)k_copy_flag, {NULL}};
+  return a;
 }

@@ -27,6 +27,7 @@
 #include "internal.h" /* defines: mok_error, CUDA_CHECK */
 #include "schedule.h"     /* defines: mok_segment_rows, mok_sched_row_source, mok_route_id */
 #include "schedule_dev.h"
+#include "kernels_load.h"
 
 namespace {
 
@@ -332,4 +333,10 @@ extern "C" mokResult_t mok_schedule_ep_launch(const mokEpSchedule_t *s, cudaStre
   k_ep_rows<<<(unsigned)(blocks < 1 ? 1 : blocks < 1024 ? blocks : 1024), 256, 0, stream>>>(*s);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_schedule_dev(void) {
+  mokKernelAnchor a = {"src/schedule_dev.cu", (const void *)k_send_order, {NULL}};
+  return a;
 }

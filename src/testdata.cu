@@ -5,6 +5,7 @@
 #include <cuda_runtime.h>
 
 #include "internal.h"
+#include "kernels_load.h"
 #include "testdata.h"
 
 __global__ void k_generate_bf16(uint64_t key, int64_t first, int64_t count, float scale, uint16_t *dst) {
@@ -33,4 +34,10 @@ extern "C" mokResult_t mokGenerateBf16Device(uint64_t seed, mokTensorKind_t kind
   k_generate_bf16<<<(unsigned)blocks, 256, 0, stream>>>(mok_tensor_key(seed, (int)kind, sub), first, count, scale, dst);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;
+}
+
+/* Its kernels and device variables, for mok_kernels_load (kernels_load.h). */
+extern "C" mokKernelAnchor mok_anchor_testdata(void) {
+  mokKernelAnchor a = {"src/testdata.cu", (const void *)k_generate_bf16, {NULL}};
+  return a;
 }

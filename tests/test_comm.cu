@@ -13,6 +13,7 @@
 #include "comm.h"
 #include "comm_device.cuh"
 #include "internal.h"
+#include "kernels_load.h"
 #include "test.h"
 
 #include <cuda_runtime.h>
@@ -694,26 +695,52 @@ MOK_GPU_TEST(comm_loopback_absent_rank_times_out, 1) {
   CHECK_MSG(waited > 4.0 && waited < 30.0, "waited %.1f s (want about 5)", waited);
 }
 
-/* Under CUDA's lazy loading a loopback group is refused, naming the fix: run in a child
- * mok_tests with CUDA_MODULE_LOADING=LAZY (this process loads eagerly: test_main.c). */
-MOK_GPU_TEST(comm_loopback_refuses_lazy_loading, 1) {
+/* Under CUDA's lazy loading (the default since CUDA 12.2; mok_tests itself loads eagerly:
+ * test_main.c) creating a loopback group loads every mok kernel first, so that no rank's
+ * first launch waits for a peer's waiting kernel (kernels_load.h). Checked in a child
+ * mok_tests run with CUDA_MODULE_LOADING=LAZY (and no CUDA_MODULE_DATA_LOADING, as a user's
+ * process has it): that mok's modules start with unloaded functions (else the test proves
+ * nothing), that none is left unloaded after mok_comm_create_loopback, and then the
+ * megakernel layer over 2 loopback ranks against the reference (the test that timed out
+ * under lazy loading in session 33). */
+MOK_GPU_TEST(comm_loopback_loads_kernels_under_lazy_loading, 1) {
   if (getenv("MOK_TEST_LAZY_CHILD")) { /* the child */
+    mokKernelsLoadInfo before, after;
+    CHECK_OK(mok_kernels_load("test", 0, 0, &before));
+    CHECK_MSG(before.lazy == 1, "the child does not load lazily (CUDA_MODULE_LOADING=%s)",
+              getenv("CUDA_MODULE_LOADING") ? getenv("CUDA_MODULE_LOADING") : "(unset)");
+    CHECK_MSG(before.modules == 8 && before.functions > 20 && before.unloaded > 0,
+              "before: %d modules, %d functions, %d unloaded", before.modules, before.functions, before.unloaded);
     mokComm_t c[2] = {NULL, NULL};
-    CHECK_STATUS(mok_comm_create_loopback(2, 0, NULL, c), mokInvalidUsage);
-    CHECK_MSG(strstr(mokGetLastError(), "CUDA_MODULE_LOADING=EAGER") != NULL, "message: %s", mokGetLastError());
-    CHECK(c[0] == NULL && c[1] == NULL);
+    CHECK_OK(mok_comm_create_loopback(2, 0, NULL, c));
+    CHECK_OK(mok_kernels_load("test", 0, 0, &after));
+    CHECK_OK(mokLocalCommsDestroy(2, c));
+    CHECK_MSG(after.unloaded == 0 && after.functions == before.functions,
+              "after mok_comm_create_loopback: %d of %d functions unloaded", after.unloaded, after.functions);
+    printf("child: %d modules, %d functions, %d unloaded before, 0 after\n", before.modules, before.functions,
+           before.unloaded);
     return;
   }
   char self[4096];
   const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
   if (n <= 0) SKIP("cannot find this program's path (/proc/self/exe)");
   self[n] = 0;
-  char cmd[4300];
-  snprintf(cmd, sizeof cmd, "CUDA_MODULE_LOADING=LAZY MOK_TEST_LAZY_CHILD=1 '%s' comm_loopback_refuses_lazy_loading "
-           "> /dev/null 2>&1", self);
-  const int rc = system(cmd);
-  CHECK_MSG(rc != -1 && WIFEXITED(rc) && WEXITSTATUS(rc) == 0, "the child under lazy loading: status %d (rerun: %s)", rc,
-            cmd);
+  char cmd[4400];
+  snprintf(cmd, sizeof cmd, "env -u CUDA_MODULE_DATA_LOADING CUDA_MODULE_LOADING=LAZY MOK_TEST_LAZY_CHILD=1 timeout 240 "
+           "'%s' comm_loopback_loads_kernels_under_lazy_loading layer_mega_matches_reference_loopback 2>&1", self);
+  FILE *p = popen(cmd, "r");
+  if (!p) SKIP("cannot start a child mok_tests (popen)");
+  char line[512], last[512] = "", fails[1024] = "";
+  int ok_lazy = 0, ok_layer = 0;
+  while (fgets(line, sizeof line, p)) {
+    ok_lazy |= strncmp(line, "ok    comm_loopback_loads_kernels_under_lazy_loading", 52) == 0;
+    ok_layer |= strncmp(line, "ok    layer_mega_matches_reference_loopback", 43) == 0;
+    if (strncmp(line, "FAIL", 4) == 0 && strlen(fails) + strlen(line) < sizeof fails) strcat(fails, line);
+    snprintf(last, sizeof last, "%s", line);
+  }
+  const int rc = pclose(p);
+  CHECK_MSG(ok_lazy && ok_layer && rc == 0, "the child under lazy loading (status %d): %s%s (rerun: %s)", rc,
+            fails[0] ? fails : "last line: ", fails[0] ? "" : last, cmd);
 }
 
 MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
