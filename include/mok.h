@@ -335,6 +335,10 @@ mokResult_t mokCommConfigInit(mokCommConfig_t *config);
  * it and must destroy it only after mokCommDestroy). Checks that all ranks passed the
  * same config and that every rank can load/store every other rank's memory (one LSA
  * team); otherwise every rank gets the same error. Synchronises the comm's device.
+ * Under CUDA's lazy loading (CUDA_MODULE_LOADING=LAZY, the default since CUDA 12.2) it
+ * loads every mok kernel into the device's context first, so that no first launch inside
+ * a pass can wait for a kernel that waits for a peer (mokNotSupported, naming
+ * CUDA_MODULE_LOADING=EAGER, where the driver predates CUDA 12.4 and cannot).
  * [OUT] comm  [IN] nccl  [IN] config (NULL = defaults; copied) */
 mokResult_t mokCommCreate(mokComm_t *comm, ncclComm_t nccl, const mokCommConfig_t *config);
 

@@ -70,6 +70,6 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
     timeout 200 build/mok bench layer --impl mega,nccl --gpus 1 --model qwen3.5-397b-a17b --tokens 8192 --iters 20 2>&1 | tail -6
   fi
   if has warm && patch -p1 -s < scripts/exp/l2-warm.diff; then
-    REPS=${REPS:-1} bash scripts/gpu-warm.sh 2>&1 | grep -vE "^(name|NVIDIA)" | tail -40
+    CUDA_MODULE_LOADING=EAGER REPS=${REPS:-1} bash scripts/gpu-warm.sh 2>&1 | grep -vE "^(name|NVIDIA)" | tail -40
   fi
 } 2>&1 | tee "$OUT/log"
