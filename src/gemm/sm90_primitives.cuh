@@ -59,7 +59,7 @@ __device__ __forceinline__ void mbarrier_arrive_expect_tx(uint64_t *bar, uint32_
  * Acquire semantics at CTA scope: what the TMA wrote is visible once it returns true.
  * Parity only: a waiter must not fall two phases behind the barrier (it would wait for
  * the phase after), so every thread that waits must be one the ring waits for too.
- * The GEMM tiles wait through mok_sm90::bar_wait (grouped_gemm.cuh), which bounds it.
+ * The GEMM tiles wait through mok_sm90::bar_wait (tile_base.cuh), which bounds it.
  * kCluster: acquire at cluster scope instead, for a barrier that another CTA of the
  * cluster arrives on after writing this CTA's shared memory (st_shared_remote_u32). */
 #define MOK_TRY_WAIT_PTX(SEM)                                                                   \
