@@ -194,7 +194,7 @@ static void *init_rank_thread(void *p) {
   return NULL;
 }
 
-static mokResult_t expect_no_async_error(mokComm_t comm);
+static mokResult_t expect_no_async_error(mokComm_t comm, const char *step);
 
 static mokResult_t init_rank_barriers(mokComm_t comm, int rank, void *arg) {
   cudaStream_t s;
@@ -202,7 +202,7 @@ static mokResult_t init_rank_barriers(mokComm_t comm, int rank, void *arg) {
   mokResult_t st = mok_comm_launch_barriers(comm, 4, 128, 100, 1, 7, s);
   if (cudaStreamSynchronize(s) != cudaSuccess && st == mokSuccess) st = mokCudaError;
   cudaStreamDestroy(s);
-  return st == mokSuccess ? expect_no_async_error(comm) : st;
+  return st == mokSuccess ? expect_no_async_error(comm, "agreement barriers") : st;
 }
 
 /* A comm per GPU made the way a process per GPU makes it (here a thread per GPU), then
@@ -262,10 +262,10 @@ MOK_TEST(comm_errword_layout) {
                        cudaGetErrorString(e_));                                            \
   } while (0)
 
-static mokResult_t expect_no_async_error(mokComm_t comm) {
+static mokResult_t expect_no_async_error(mokComm_t comm, const char *step) {
   mokResult_t s;
   MOK_CHECK(mokCommGetAsyncError(comm, &s));
-  RUN_CHECK(s == mokSuccess, "unexpected async error %s: %s", mokGetErrorName(s), mokCommGetLastError(comm));
+  RUN_CHECK(s == mokSuccess, "%s: unexpected async error %s: %s", step, mokGetErrorName(s), mokCommGetLastError(comm));
   return mokSuccess;
 }
 
@@ -349,7 +349,7 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
     RUN_CUDA(cudaGetLastError());
   }
   RUN_CUDA(cudaStreamSynchronize(s));
-  MOK_CHECK(expect_no_async_error(comm));
+  MOK_CHECK(expect_no_async_error(comm, "workspace patterns (one kernel, device barriers)"));
   RUN_CUDA(cudaMemcpy(&hbad, bad, sizeof hbad, cudaMemcpyDeviceToHost));
   RUN_CHECK(hbad == 0, "workspace: %llu wrong words of %zu", hbad, 2 * words * (size_t)nranks * nranks);
   // 2) a user buffer in symmetric memory (mokCommMemAlloc), barriers as separate kernels
@@ -372,7 +372,7 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   RUN_CUDA(cudaGetLastError());
   MOK_CHECK(mok_comm_launch_barriers(comm, 1, 128, 1, 0, 0, s));
   RUN_CUDA(cudaStreamSynchronize(s));
-  MOK_CHECK(expect_no_async_error(comm));
+  MOK_CHECK(expect_no_async_error(comm, "symmetric buffer (push, barrier, check, barrier kernels)"));
   RUN_CUDA(cudaMemcpy(&hbad, bad, sizeof hbad, cudaMemcpyDeviceToHost));
   RUN_CHECK(hbad == 0, "symmetric buffer: %llu wrong words", hbad);
   RUN_CHECK(mokCommMemFree(comm, (char *)buf + 16) == mokInvalidArgument, "freeing an interior pointer was accepted");
@@ -430,7 +430,7 @@ static mokResult_t run_barriers(mokComm_t comm, int rank, void *argp) {
   RUN_CUDA(cudaStreamSynchronize(s));
   float ms = 0;
   RUN_CUDA(cudaEventElapsedTime(&ms, e0, e1));
-  MOK_CHECK(expect_no_async_error(comm));
+  MOK_CHECK(expect_no_async_error(comm, "10,000 barriers"));
   if (rank == 0) printf("      10,000 barriers: %.1f ms (%.2f us each)\n", ms, ms * 1e3 / 10000);
   cudaEventDestroy(e0);
   cudaEventDestroy(e1);
@@ -653,7 +653,7 @@ static mokResult_t run_grow(mokComm_t comm, int rank, void *argp) {
   RUN_CHECK(ws == ((size_t)48 << 20), "workspace %zu after reserving 48 MiB", ws);
   MOK_CHECK(mok_comm_launch_barriers(comm, 4, 128, 100, 1, 0, 0));
   RUN_CUDA(cudaDeviceSynchronize());
-  MOK_CHECK(expect_no_async_error(comm));
+  MOK_CHECK(expect_no_async_error(comm, "barriers after reserving the workspace"));
   pattern_arg pa = {7u};
   return run_patterns(comm, rank, &pa);
 }
