@@ -3,7 +3,7 @@
 # queue? The loopback comm test and the loopback megakernel layer test, standalone
 # processes, under CUDA_DEVICE_MAX_CONNECTIONS unset (8), 32 and 1 (every stream in one queue:
 # kernels that wait for each other must then time out); CONNS="value:runs ...". Then the one-GPU
-# layer, CLI and EP tests under CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting; ONE=
+# layer and EP tests under CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting; ONE=
 # names them, ONE=" " skips). Log in $OUT/log.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
@@ -11,9 +11,9 @@ OUT=${OUT:-/tmp/s35-out}; mkdir -p "$OUT"
 {
   date -u; nvidia-smi -L
   t0=$(date +%s)
-  make -j"$(nproc)" all build/mok_tests > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
+  make -j"$(nproc)" ${TARGETS:-build/mok_tests} > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
   echo "build: $(( $(date +%s) - t0 )) s"
-  for cr in ${CONNS:-unset:3 32:3 1:1}; do  # value:runs
+  for cr in ${CONNS:-unset:2 32:3 1:1}; do  # value:runs
     conn=${cr%:*}
     echo "-- CUDA_DEVICE_MAX_CONNECTIONS=$conn"
     for i in $(seq ${cr#*:}); do
@@ -21,7 +21,7 @@ OUT=${OUT:-/tmp/s35-out}; mkdir -p "$OUT"
       else CUDA_DEVICE_MAX_CONNECTIONS=$conn timeout 60 build/mok_tests ${TESTS:-comm_loopback_ranks_1gpu} 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-420; fi
     done
   done
-  ONE=${ONE-_1gpu cli_run_gpu ep_}
+  ONE=${ONE-_1gpu ep_}
   if [ -n "${ONE// /}" ]; then  # what a Megatron-style process (one queue) meets
     echo "-- CUDA_DEVICE_MAX_CONNECTIONS=1: $ONE"
     CUDA_DEVICE_MAX_CONNECTIONS=1 timeout 300 build/mok_tests $ONE 2>&1 | grep -vE "^ok " | cut -c1-250
