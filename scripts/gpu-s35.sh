@@ -13,7 +13,7 @@ OUT=${OUT:-/tmp/s35-out}; mkdir -p "$OUT"
   t0=$(date +%s)
   make -j"$(nproc)" ${TARGETS:-build/mok_tests} > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
   echo "build: $(( $(date +%s) - t0 )) s"
-  for cr in ${CONNS:-unset:2 32:3 1:1}; do  # value:runs
+  for cr in ${CONNS:-unset:2 32:2 1:1}; do  # value:runs
     conn=${cr%:*}
     echo "-- CUDA_DEVICE_MAX_CONNECTIONS=$conn"
     for i in $(seq ${cr#*:}); do
@@ -21,6 +21,8 @@ OUT=${OUT:-/tmp/s35-out}; mkdir -p "$OUT"
       else CUDA_DEVICE_MAX_CONNECTIONS=$conn timeout 60 build/mok_tests ${TESTS:-comm_loopback_ranks_1gpu} 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-420; fi
     done
   done
+  [ -n "${LAYER32:-1}" ] && { echo "-- CUDA_DEVICE_MAX_CONNECTIONS=32: layer_mega_matches_reference_loopback";
+    CUDA_DEVICE_MAX_CONNECTIONS=32 timeout 60 build/mok_tests layer_mega_matches_reference_loopback 2>&1 | grep -E "^(ok|FAIL)" | cut -c1-420; }
   ONE=${ONE-_1gpu ep_}
   if [ -n "${ONE// /}" ]; then  # what a Megatron-style process (one queue) meets
     echo "-- CUDA_DEVICE_MAX_CONNECTIONS=1: $ONE"
