@@ -1,7 +1,8 @@
 #!/usr/bin/env bash
 # gpu-s35.sh — session 35: do loopback ranks' waiting kernels meet in one hardware work
 # queue? The loopback comm test and the loopback megakernel layer test, standalone
-# processes, under CUDA_DEVICE_MAX_CONNECTIONS unset (8), 32 and 1 (every stream in one queue:
+# processes, under CUDA_DEVICE_MAX_CONNECTIONS 8 (CUDA's default; mok_tests sets 32 where the
+# variable is unset, so 8 is named), 32 and 1 (every stream in one queue:
 # kernels that wait for each other must then time out); CONNS="value:runs ...". Then the one-GPU
 # layer and EP tests under CUDA_DEVICE_MAX_CONNECTIONS=1 (Megatron-LM's setting; ONE=
 # names them, ONE=" " skips). Log in $OUT/log.
@@ -13,7 +14,7 @@ OUT=${OUT:-/tmp/s35-out}; mkdir -p "$OUT"
   t0=$(date +%s)
   make -j"$(nproc)" ${TARGETS:-build/mok_tests} > "$OUT/build.log" 2>&1 || { echo "BUILD FAILED"; tail -30 "$OUT/build.log"; }
   echo "build: $(( $(date +%s) - t0 )) s"
-  for cr in ${CONNS:-unset:2 32:2 1:1}; do  # value:runs
+  for cr in ${CONNS:-8:3 32:3 1:1}; do  # value:runs
     conn=${cr%:*}
     echo "-- CUDA_DEVICE_MAX_CONNECTIONS=$conn"
     for i in $(seq ${cr#*:}); do

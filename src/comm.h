@@ -142,7 +142,13 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * the ranks run: with lazy loading a first launch can wait for the running kernels, and so
  * for itself. So this loads every mok kernel first (kernels_load.h; nothing to do under
  * CUDA_MODULE_LOADING=EAGER); kernels of the caller's own that a rank launches while
- * another waits must be loaded by the caller (cudaFuncGetAttributes loads one). */
+ * another waits must be loaded by the caller (cudaFuncGetAttributes loads one). And the
+ * ranks' streams should not share a hardware work queue: CUDA maps streams onto
+ * CUDA_DEVICE_MAX_CONNECTIONS queues (default 8, at most 32, read when CUDA starts), two
+ * streams on one queue run in issue order, and a kernel queued behind a peer's waiting
+ * kernel never starts. mok_tests sets 32 (session 35: comm_loopback_ranks_1gpu timed out in
+ * every standalone run under the default 8 on one H100, passed in the full suite; that the
+ * queues are the cause is not yet measured: scripts/gpu-s35.sh). */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */

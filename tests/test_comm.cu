@@ -335,13 +335,6 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   RUN_CUDA(cudaMemset(bad, 0, sizeof *bad));
   cudaStream_t s;
   RUN_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
-  // Every rank's setup done before any rank's waiting kernel starts: on one GPU a rank's
-  // cudaMalloc could otherwise run beside (or wait behind) a peer's kernel that waits for
-  // this rank (session 34: one 2 s barrier timeout in the first run on a fresh machine).
-  {
-    int all[MOK_COMM_MAX_RANKS];
-    MOK_CHECK(mok_comm_host_allgather(comm, &rank, sizeof rank, all));
-  }
   // 1) workspace, inside one persistent kernel with device barriers
   int blocks = sms < 16 ? sms : 16;
   for (int rep = 0; rep < 2; rep++) {
