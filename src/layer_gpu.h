@@ -1,8 +1,9 @@
 /*
- * layer_gpu.h — the layer on GPUs, shared by its two files (internal; CUDA C++ only):
- * baseline.cu (create / free, the NCCL paths mokImplNccl and mokImplBaseline, the public
- * entry points) and layer_mega.cu (mokImplMega: one GPU, and stage A at N > 1). The layer's
- * device state, and the helpers both files call (mok_lg_*).
+ * layer_gpu.h — the layer on GPUs, shared by its three files (internal; CUDA C++ only):
+ * layer_api.cu (create / free, the checks of a pass, the public entry points), baseline.cu
+ * (the NCCL paths mokImplNccl and mokImplBaseline, the row buffers, the shared expert) and
+ * layer_mega.cu (mokImplMega: one GPU, and stage A at N > 1). The layer's device state, and
+ * the helpers its files call (mok_lg_*).
  */
 #ifndef MOK_LAYER_GPU_H
 #define MOK_LAYER_GPU_H
@@ -69,7 +70,7 @@ struct mok_gpu_layer {
   int *gm, *gn, *gk, *glda, *gldb, *gldc, *gsize;
   float *galpha, *gbeta;
   cublasOperation_t *gta, *gtb;
-  const void **h_ptrs, **d_ptrs; /* [SLOTS][3][E_l] */
+  const void **h_ptrs, **d_ptrs; /* [MOK_LG_SLOTS][3][E_l] */
   const void **ops;              /* [3][E_l] host scratch: A, B, C of the groups of one call */
   int32_t *cursor;               /* [E + 1] host scratch: next send row of each expert */
   int slot;
@@ -129,6 +130,17 @@ static inline pass_shape mega_shape(mokLayer_t l, int T, int shared_in) {
   return mok_shape_mega(&l->cfg, T, shared_in);
 }
 
+/* A cuBLAS call's failure, returned as mokCudaError with the call's text. */
+#define CUBLAS_CHECK(l, call)                                                                         \
+  do {                                                                                                \
+    cublasStatus_t s_ = (call);                                                                       \
+    if (s_ != CUBLAS_STATUS_SUCCESS)                                                                  \
+      return mok_error((l), mokCudaError, "%s:%d: %s failed: cuBLAS status %d", __FILE__, __LINE__, #call, \
+                       (int)s_);                                                                      \
+  } while (0)
+/* Grouped-GEMM pointer arrays: slots used in turn (h_ptrs / d_ptrs hold 3 x El a slot). */
+#define MOK_LG_SLOTS 32
+
 /* ---- baseline.cu ---------------------------------------------------------------------- */
 /* The GEMMs' rows: El experts, cap rows, seg = [expert_count[El] | expert_offset[El + 1]]
  * (device), the comm's error word. */
@@ -155,6 +167,22 @@ mokResult_t mok_lg_agree_step(mokLayer_t l, mokResult_t rc, mokResult_t status, 
 /* out[t] = bf16(base[t] + sum_j rows[pos[t k + j]]) (k_combine<float>; base NULL = 0). */
 void mok_lg_combine_f32(const float *base, const mokBf16 *rows, const int32_t *pos, int T, int k, int H,
                         const int32_t *bad, mokBf16 *out, cudaStream_t st);
+
+/* The conventional and mokImplNccl passes (mokLayerForward / mokLayerBackward, layer_api.cu,
+ * call them after check_pass). A forward of a rank that refused its input still takes part
+ * in the count exchange (mok_lg_refuse_forward). */
+mokResult_t mok_lg_baseline_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
+                                    cudaStream_t st);
+mokResult_t mok_lg_baseline_backward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w,
+                                     const mokBf16 *dout, const mokRankGrads_t *gr, cudaStream_t st);
+mokResult_t mok_lg_refuse_forward(mokLayer_t l, mokResult_t rc, cudaStream_t st);
+/* The row buffers (workspace.h): the saved block's size (with base: its pointers carved),
+ * the scratch a pass needs, the last forward's shape; after a pass, later passes on other
+ * streams wait for it before they reuse the blocks (mok_lg_pass_done). */
+size_t mok_lg_layout_saved(mokLayer_t l, const pass_shape *p, void *base);
+size_t mok_lg_scratch_need(mokLayer_t l, const pass_shape *p);
+pass_shape mok_lg_fwd_shape(mokLayer_t l);
+void mok_lg_pass_done(mokLayer_t l, cudaStream_t st);
 
 /* ---- layer_mega.cu: mokImplMega's passes (one GPU; N > 1: stage A) ---------------------- */
 mokResult_t mok_lg_mega_forward(mokLayer_t l, const mokRankInput_t *in, const mokRankWeights_t *w, mokBf16 *out,
