@@ -10,7 +10,7 @@
  * communicator's symmetric window, the expert rank's schedule composed from every source's
  * (schedule_dev.h), one host read of the rows received, the megakernel reading each row from
  * its source's window, the rows pushed back to their sources' combine slots (ep_dev.h). The
- * host orchestration of the NCCL paths and the public entry points are in baseline.cu.
+ * host orchestration of the NCCL paths is in baseline.cu, the public entry points in layer_api.cu.
  */
 #include <cuda_runtime.h>
 #include <stdio.h>
