@@ -35,6 +35,12 @@ void test_skip(test_ctx *t, const char *fmt, ...);
 uint64_t test_seed(void);
 /* Number of CUDA devices visible (0 without a GPU or driver). */
 int test_gpu_count(void);
+/* Runs this program again as a child process on `tests` (names or substrings, separated by
+ * spaces), with `env` before it (words for env(1): "VAR=value", "-u VAR") and this run's
+ * seed, for at most timeout_s seconds. Returns the child's exit status (-1: it could not be
+ * started); *passed = its "ok" lines; report: its FAIL lines (else its last line), then the
+ * command that reruns it. */
+int test_run_child(const char *env, const char *tests, int timeout_s, int *passed, char *report, size_t cap);
 
 #define MOK_TEST_(name, gpus)                                                  \
   static void name(test_ctx *t);                                               \

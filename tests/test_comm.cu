@@ -721,26 +721,13 @@ MOK_GPU_TEST(comm_loopback_loads_kernels_under_lazy_loading, 1) {
            before.unloaded);
     return;
   }
-  char self[4096];
-  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
-  if (n <= 0) SKIP("cannot find this program's path (/proc/self/exe)");
-  self[n] = 0;
-  char cmd[4400];
-  snprintf(cmd, sizeof cmd, "env -u CUDA_MODULE_DATA_LOADING CUDA_MODULE_LOADING=LAZY MOK_TEST_LAZY_CHILD=1 timeout 240 "
-           "'%s' comm_loopback_loads_kernels_under_lazy_loading layer_mega_matches_reference_loopback 2>&1", self);
-  FILE *p = popen(cmd, "r");
-  if (!p) SKIP("cannot start a child mok_tests (popen)");
-  char line[512], last[512] = "", fails[1024] = "";
-  int ok_lazy = 0, ok_layer = 0;
-  while (fgets(line, sizeof line, p)) {
-    ok_lazy |= strncmp(line, "ok    comm_loopback_loads_kernels_under_lazy_loading", 52) == 0;
-    ok_layer |= strncmp(line, "ok    layer_mega_matches_reference_loopback", 43) == 0;
-    if (strncmp(line, "FAIL", 4) == 0 && strlen(fails) + strlen(line) < sizeof fails) strcat(fails, line);
-    snprintf(last, sizeof last, "%s", line);
-  }
-  const int rc = pclose(p);
-  CHECK_MSG(ok_lazy && ok_layer && rc == 0, "the child under lazy loading (status %d): %s%s (rerun: %s)", rc,
-            fails[0] ? fails : "last line: ", fails[0] ? "" : last, cmd);
+  char rep[4096];
+  int passed = 0;
+  const int rc = test_run_child("-u CUDA_MODULE_DATA_LOADING CUDA_MODULE_LOADING=LAZY MOK_TEST_LAZY_CHILD=1",
+                                "comm_loopback_loads_kernels_under_lazy_loading layer_mega_matches_reference_loopback",
+                                240, &passed, rep, sizeof rep);
+  if (rc < 0) SKIP("%s", rep);
+  CHECK_MSG(rc == 0 && passed == 2, "the child under lazy loading (status %d, %d of 2 passed): %s", rc, passed, rep);
 }
 
 MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {

@@ -9,6 +9,7 @@
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #define MAX_TESTS 1024
 
@@ -60,6 +61,34 @@ int test_gpu_count(void) {
     if (cached == 0) cudaGetLastError();
   }
   return cached;
+}
+
+int test_run_child(const char *env, const char *tests, int timeout_s, int *passed, char *report, size_t cap) {
+  *passed = 0;
+  char self[4096];
+  const ssize_t n = readlink("/proc/self/exe", self, sizeof self - 1);
+  if (n <= 0) {
+    snprintf(report, cap, "cannot find this program's path (/proc/self/exe)");
+    return -1;
+  }
+  self[n] = 0;
+  char cmd[6144];
+  snprintf(cmd, sizeof cmd, "env %s MOK_TEST_SEED=%llu timeout %d '%s' %s 2>&1", env, (unsigned long long)g_seed,
+           timeout_s, self, tests);
+  FILE *p = popen(cmd, "r");
+  if (!p) {
+    snprintf(report, cap, "cannot start a child (popen): %s", cmd);
+    return -1;
+  }
+  char line[1024], last[1024] = "", fails[2048] = "";
+  while (fgets(line, sizeof line, p)) {
+    if (strncmp(line, "ok ", 3) == 0) ++*passed;
+    if (strncmp(line, "FAIL", 4) == 0 && strlen(fails) + strlen(line) < sizeof fails) strcat(fails, line);
+    snprintf(last, sizeof last, "%s", line);
+  }
+  const int rc = pclose(p);
+  snprintf(report, cap, "%s%s(rerun: %s)", fails[0] ? fails : "last line: ", fails[0] ? "" : last, cmd);
+  return rc;
 }
 
 static int by_name(const void *a, const void *b) {
