@@ -297,14 +297,21 @@ static const char *impl_name(mokImpl_t impl) {
                                    : "mokImplAuto";
 }
 
+/* A pass's start: the thread's last error cleared, the caller's device kept in *prev (put
+ * back at the pass's end), the layer's made current, the inputs checked (check_pass). */
+static mokResult_t pass_enter(mokLayer_t l, const char *fn, mokImpl_t impl, const mokRankInput_t *in,
+                              const mokRankWeights_t *w, int *prev) {
+  mok_clear_error();
+  cudaGetDevice(prev);
+  if (l && l->gpu) cudaSetDevice(l->gpu->device);
+  return check_pass(l, fn, impl, in, w);
+}
+
 extern "C" mokResult_t mokLayerForward(mokLayer_t l, mokImpl_t impl, const mokRankInput_t *in,
                                        const mokRankWeights_t *w, mokBf16 *out, cudaStream_t st) {
   static const char fn[] = "mokLayerForward";
-  mok_clear_error();
   int prev = -1;
-  cudaGetDevice(&prev);
-  if (l && l->gpu) cudaSetDevice(l->gpu->device);
-  mokResult_t rc = check_pass(l, fn, impl, in, w);
+  mokResult_t rc = pass_enter(l, fn, impl, in, w, &prev);
   if (rc == mokSuccess) rc = check_tok_ptr(l, fn, out, "out", in->num_tokens > 0);
   if (rc == mokSuccess) rc = check_share_stream(l, fn, impl, st);
   if (l && l->gpu && l->cfg.num_ranks > 1 && resolve_impl(l, impl) == mokImplMega) {
@@ -338,11 +345,8 @@ extern "C" mokResult_t mokLayerBackward(mokLayer_t l, mokImpl_t impl, const mokR
                                         const mokRankWeights_t *w, const mokBf16 *d_out, const mokRankGrads_t *gr,
                                         cudaStream_t st) {
   static const char fn[] = "mokLayerBackward";
-  mok_clear_error();
   int prev = -1;
-  cudaGetDevice(&prev);
-  if (l && l->gpu) cudaSetDevice(l->gpu->device);
-  mokResult_t rc = check_pass(l, fn, impl, in, w);
+  mokResult_t rc = pass_enter(l, fn, impl, in, w, &prev);
   const int T = in ? in->num_tokens : 0, Is = l ? l->cfg.shared_inter : 0;
   if (rc == mokSuccess && !gr) rc = mok_error(l, mokInvalidArgument, "%s: grads is NULL", fn);
   if (rc == mokSuccess) rc = mok_check_accumulate(l, fn, -1, gr->accumulate);
