@@ -4,13 +4,16 @@
 # then, on an H200 only (GEMM=1 forces it), `mok bench gemm` on issue 5's unmet lines, each
 # in $REPS processes (processes differ by up to +-6%): qwen3.5 R320, deepseek-v4-pro R512, and
 # Zipf 1.2 over balanced for qwen3.5 and deepseek-v4-pro. Logs under $OUT; short lines last.
+# PREBUILT=1: build/mok and build/mok_tests came with the call (run's carry; built from this
+# tree on the CPU machine, `make -q all build/mok_tests` clean there): no build here.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/s36-out}; mkdir -p "$OUT"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 t0=$(date +%s)
-OUT=$OUT/s33 SECTIONS="build full" bash scripts/gpu-s33.sh > /dev/null 2>&1
-OUT=$OUT/s35 bash scripts/gpu-s35.sh > /dev/null 2>&1
+B=build; [ "${PREBUILT:-0}" = 1 ] && [ -x build/mok_tests ] && [ -x build/mok ] && B=
+OUT=$OUT/s33 SECTIONS="$B full" bash scripts/gpu-s33.sh > /dev/null 2>&1
+OUT=$OUT/s35 TARGETS=${B:+build/mok_tests} bash scripts/gpu-s35.sh > /dev/null 2>&1
 {
   if [[ "$GPU" == *H200* ]] || [ "${GEMM:-0}" = 1 ]; then
     for cfg in "qwen320:--model qwen3.5-397b-a17b" "dsv4512:--model deepseek-v4-pro --rows-per-expert 512" \
