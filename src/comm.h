@@ -146,9 +146,11 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * ranks' streams should not share a hardware work queue: CUDA maps streams onto
  * CUDA_DEVICE_MAX_CONNECTIONS queues (default 8, at most 32, read when CUDA starts), two
  * streams on one queue run in issue order, and a kernel queued behind a peer's waiting
- * kernel never starts. mok_tests sets 32 (session 35: comm_loopback_ranks_1gpu timed out in
- * every standalone run under the default 8 on one H100, passed in the full suite; that the
- * queues are the cause is not yet measured: scripts/gpu-s35.sh). */
+ * kernel never starts. Under CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream one queue) this
+ * refuses nranks > 1 (mokNotSupported): there comm_loopback_ranks_1gpu timed out every time
+ * (one H100, session 36, scripts/gpu-s35.sh), where it passed 3 of 3 runs under 8 and 32.
+ * mok_tests sets 32 where the variable is unset (session 35's standalone timeouts under 8 came
+ * with a host barrier in the test, since reverted; not repeated without it). */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */

@@ -261,6 +261,15 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
   if (device < 0) return mok_error(NULL, mokInvalidArgument, "%s: device %d is negative", fn, device);
   mokCommConfig_t cfg;
   MOK_CHECK(mok_comm_config_validate(fn, config, &cfg));
+  if (nranks > 1) { /* comm.h: one hardware queue runs the ranks' launches in issue order */
+    const char *q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+    if (q && atoi(q) == 1)
+      return mok_error(NULL, mokNotSupported,
+                       "%s: %d ranks on one GPU under CUDA_DEVICE_MAX_CONNECTIONS=1: every stream shares one "
+                       "hardware queue, where a kernel queued behind a peer's waiting kernel never starts "
+                       "(loopback ranks time out there); run loopback ranks with 8 or more queues",
+                       fn, nranks);
+  }
   MOK_CHECK(device_exists(fn, device, -1));
   // Ranks' kernels wait for each other's: every kernel loaded before any rank runs
   // (kernels_load.h: under lazy loading a first launch can wait for a waiting kernel).

@@ -86,6 +86,17 @@ int test_run_child(const char *env, const char *tests, int timeout_s, int *passe
     return;                                                                    \
   } while (0)
 
+/* Loopback ranks (several ranks' waiting kernels on one GPU) cannot run where every stream
+ * shares one hardware queue, and mok_comm_create_loopback refuses them there (comm.h): a test
+ * of them skips under CUDA_DEVICE_MAX_CONNECTIONS=1 (mok_tests sets 32 where it is unset). */
+#define SKIP_LOOPBACK_ON_ONE_QUEUE()                                           \
+  do {                                                                         \
+    const char *q_ = getenv("CUDA_DEVICE_MAX_CONNECTIONS");                    \
+    if (q_ && atoi(q_) == 1)                                                   \
+      SKIP("loopback ranks need more than one hardware queue "                 \
+           "(CUDA_DEVICE_MAX_CONNECTIONS=1)");                                 \
+  } while (0)
+
 #ifdef __cplusplus
 }
 #endif

@@ -680,6 +680,7 @@ static mokResult_t run_lb_absent(mokComm_t comm, int rank, void *argp) {
 }
 
 MOK_GPU_TEST(comm_loopback_absent_rank_times_out, 1) {
+  SKIP_LOOPBACK_ON_ONE_QUEUE();
   mokComm_t comms[2];
   mokCommConfig_t cfg = MOK_COMM_CONFIG_INITIALIZER;
   cfg.timeout_ms = 1000;
@@ -704,6 +705,7 @@ MOK_GPU_TEST(comm_loopback_absent_rank_times_out, 1) {
  * megakernel layer over 2 loopback ranks against the reference (the test that timed out
  * under lazy loading in session 33). */
 MOK_GPU_TEST(comm_loopback_loads_kernels_under_lazy_loading, 1) {
+  SKIP_LOOPBACK_ON_ONE_QUEUE(); /* (the child inherits the variable) */
   if (getenv("MOK_TEST_LAZY_CHILD")) { /* the child */
     mokKernelsLoadInfo before, after;
     CHECK_OK(mok_kernels_load("test", 0, 0, &before));
@@ -730,7 +732,36 @@ MOK_GPU_TEST(comm_loopback_loads_kernels_under_lazy_loading, 1) {
   CHECK_MSG(rc == 0 && passed == 2, "the child under lazy loading (status %d, %d of 2 passed): %s", rc, passed, rep);
 }
 
+/* Under CUDA_DEVICE_MAX_CONNECTIONS=1 more than one loopback rank is refused before any CUDA
+ * call (mokNotSupported, a message naming the variable; comms untouched), one rank is not
+ * (that check only; without a GPU the call fails later). The variable is restored. */
+MOK_TEST(comm_loopback_refuses_one_hardware_queue) {
+  const char *was = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  char saved[64] = "";
+  if (was) snprintf(saved, sizeof saved, "%s", was);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  mokComm_t c[4] = {(mokComm_t)&c[0], (mokComm_t)&c[1], (mokComm_t)&c[2], (mokComm_t)&c[3]};
+  const mokResult_t st2 = mok_comm_create_loopback(2, 0, NULL, c);
+  char msg2[MOK_ERRMSG_LEN];
+  snprintf(msg2, sizeof msg2, "%s", mokGetLastError());
+  const mokResult_t st4 = mok_comm_create_loopback(4, 0, NULL, c);
+  int untouched = 1;
+  for (int i = 0; i < 4; i++) untouched &= c[i] == (mokComm_t)&c[i];
+  const mokResult_t st1 = mok_comm_create_loopback(1, 0, NULL, c);
+  char msg1[MOK_ERRMSG_LEN];
+  snprintf(msg1, sizeof msg1, "%s", mokGetLastError());
+  if (st1 == mokSuccess) mokLocalCommsDestroy(1, c);
+  if (was) setenv("CUDA_DEVICE_MAX_CONNECTIONS", saved, 1);
+  else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  CHECK_MSG(st2 == mokNotSupported && strstr(msg2, "CUDA_DEVICE_MAX_CONNECTIONS=1") && strstr(msg2, "2 ranks"),
+            "2 ranks: status %d, '%s'", (int)st2, msg2);
+  CHECK_MSG(st4 == mokNotSupported, "4 ranks: status %d", (int)st4);
+  CHECK_MSG(untouched, "a refused call wrote comms");
+  CHECK_MSG(!strstr(msg1, "CUDA_DEVICE_MAX_CONNECTIONS"), "one rank refused for the queues: '%s'", msg1);
+}
+
 MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
+  SKIP_LOOPBACK_ON_ONE_QUEUE();
   for (int n = 2; n <= 4 && !t->failed; n += 2) {
     mokComm_t comms[MAX_GPUS];
     mokCommConfig_t cfg = MOK_COMM_CONFIG_INITIALIZER;
