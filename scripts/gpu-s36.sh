@@ -12,8 +12,11 @@ OUT=${OUT:-/tmp/s36-out}; mkdir -p "$OUT"
 GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 t0=$(date +%s)
 B=build; [ "${PREBUILT:-0}" = 1 ] && [ -x build/mok_tests ] && [ -x build/mok ] && B=
-OUT=$OUT/s33 SECTIONS="$B full" bash scripts/gpu-s33.sh > /dev/null 2>&1
-OUT=$OUT/s35 TARGETS=${B:+build/mok_tests} bash scripts/gpu-s35.sh > /dev/null 2>&1
+mkdir -p "$OUT/s33" "$OUT/s35"; : > "$OUT/s33/log"; : > "$OUT/s35/log"
+if [ "${GEMM_ONLY:-0}" != 1 ]; then  # GEMM_ONLY=1: the benchmarks alone
+  OUT=$OUT/s33 SECTIONS="$B full" bash scripts/gpu-s33.sh > /dev/null 2>&1
+  OUT=$OUT/s35 TARGETS=${B:+build/mok_tests} bash scripts/gpu-s35.sh > /dev/null 2>&1
+fi
 {
   if [[ "$GPU" == *H200* ]] || [ "${GEMM:-0}" = 1 ]; then
     for cfg in "qwen320:--model qwen3.5-397b-a17b" "dsv4512:--model deepseek-v4-pro --rows-per-expert 512" \
