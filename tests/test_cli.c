@@ -302,6 +302,16 @@ MOK_TEST(cli_info) {
   static char out[1 << 16];
   CHECK_MSG(run_cli("info", out, sizeof out) == 0, "%s", out);
   CHECK(strstr(out, "mok 0.") && strstr(out, "NCCL") && strstr(out, "GPUs"));
+  CHECK_MSG(strstr(out, "CUDA_DEVICE_MAX_CONNECTIONS=") && strstr(out, "CUDA_MODULE_LOADING="), "%s", out);
+  /* the settings as the process has them (the child inherits this one's environment) */
+  const char *was = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  char saved[64] = "";
+  if (was) snprintf(saved, sizeof saved, "%s", was);
+  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  const int rc = run_cli("info", out, sizeof out);
+  if (was) setenv("CUDA_DEVICE_MAX_CONNECTIONS", saved, 1);
+  else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  CHECK_MSG(rc == 0 && strstr(out, "CUDA_DEVICE_MAX_CONNECTIONS=1 (one queue"), "%s", out);
 }
 
 /* `mok memory` prints, for each model, the layer's and the scratch's GiB (even and worst

@@ -54,8 +54,9 @@ static int gpu_count(void) {
 static int cmd_info(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (!strcmp(argv[i], "--help") || !strcmp(argv[i], "-h")) {
-      printf("usage: mok info\n  Prints the mok version, the CUDA devices (SMs, memory), the NCCL version\n"
-             "  and which GPUs can access each other's memory.\n");
+      printf("usage: mok info\n  Prints the mok version, the CUDA devices (SMs, memory), the NCCL version,\n"
+             "  which GPUs can access each other's memory, and the CUDA environment variables that\n"
+             "  change how mok's kernels run (hardware queues, module loading).\n");
       return 0;
     }
     return usage_error("info", "unknown argument '%s'", argv[i]);
@@ -73,6 +74,12 @@ static int cmd_info(int argc, char **argv) {
   cudaDriverGetVersion(&drv);
   printf("CUDA runtime %d.%d, driver %s\n", rt / 1000, rt % 1000 / 10,
          drv ? "present" : "not found");
+  /* The two CUDA settings that decide whether kernels waiting for each other can run
+   * (comm.h: loopback ranks; kernels_load.h): as this process sees them. */
+  const char *q = getenv("CUDA_DEVICE_MAX_CONNECTIONS"), *ml = getenv("CUDA_MODULE_LOADING");
+  printf("CUDA_DEVICE_MAX_CONNECTIONS=%s%s\n", q ? q : "(unset: 8 hardware queues)",
+         q && atoi(q) == 1 ? " (one queue: fine for mok's layer, several ranks on one GPU refused)" : "");
+  printf("CUDA_MODULE_LOADING=%s\n", ml ? ml : "(unset: lazy; mok loads its kernels when a comm is made)");
   int n = 0;
   cudaError_t e = cudaGetDeviceCount(&n);
   if (e != cudaSuccess || n == 0) {
