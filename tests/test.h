@@ -40,6 +40,14 @@ int test_gpu_count(void);
  * seed, for at most timeout_s seconds. Returns the child's exit status (-1: it could not be
  * started); *passed = its "ok" lines; report: its FAIL lines (else its last line), then the
  * command that reruns it. */
+/* Sets environment variable name to value for a test; test_env_restore puts back what it
+ * was (saved: test_env_set's record, set or unset). */
+typedef struct test_env_saved {
+  int had;
+  char value[256];
+} test_env_saved;
+void test_env_set(const char *name, const char *value, test_env_saved *saved);
+void test_env_restore(const char *name, const test_env_saved *saved);
 int test_run_child(const char *env, const char *tests, int timeout_s, int *passed, char *report, size_t cap);
 
 #define MOK_TEST_(name, gpus)                                                  \

@@ -304,13 +304,10 @@ MOK_TEST(cli_info) {
   CHECK(strstr(out, "mok 0.") && strstr(out, "NCCL") && strstr(out, "GPUs"));
   CHECK_MSG(strstr(out, "CUDA_DEVICE_MAX_CONNECTIONS=") && strstr(out, "CUDA_MODULE_LOADING="), "%s", out);
   /* the settings as the process has them (the child inherits this one's environment) */
-  const char *was = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  char saved[64] = "";
-  if (was) snprintf(saved, sizeof saved, "%s", was);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  test_env_saved saved;
+  test_env_set("CUDA_DEVICE_MAX_CONNECTIONS", "1", &saved);
   const int rc = run_cli("info", out, sizeof out);
-  if (was) setenv("CUDA_DEVICE_MAX_CONNECTIONS", saved, 1);
-  else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  test_env_restore("CUDA_DEVICE_MAX_CONNECTIONS", &saved);
   CHECK_MSG(rc == 0 && strstr(out, "CUDA_DEVICE_MAX_CONNECTIONS=1 (one queue"), "%s", out);
 }
 

@@ -736,10 +736,8 @@ MOK_GPU_TEST(comm_loopback_loads_kernels_under_lazy_loading, 1) {
  * call (mokNotSupported, a message naming the variable; comms untouched), one rank is not
  * (that check only; without a GPU the call fails later). The variable is restored. */
 MOK_TEST(comm_loopback_refuses_one_hardware_queue) {
-  const char *was = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
-  char saved[64] = "";
-  if (was) snprintf(saved, sizeof saved, "%s", was);
-  setenv("CUDA_DEVICE_MAX_CONNECTIONS", "1", 1);
+  test_env_saved saved;
+  test_env_set("CUDA_DEVICE_MAX_CONNECTIONS", "1", &saved);
   mokComm_t c[4] = {(mokComm_t)&c[0], (mokComm_t)&c[1], (mokComm_t)&c[2], (mokComm_t)&c[3]};
   const mokResult_t st2 = mok_comm_create_loopback(2, 0, NULL, c);
   char msg2[MOK_ERRMSG_LEN];
@@ -751,8 +749,7 @@ MOK_TEST(comm_loopback_refuses_one_hardware_queue) {
   char msg1[MOK_ERRMSG_LEN];
   snprintf(msg1, sizeof msg1, "%s", mokGetLastError());
   if (st1 == mokSuccess) mokLocalCommsDestroy(1, c);
-  if (was) setenv("CUDA_DEVICE_MAX_CONNECTIONS", saved, 1);
-  else unsetenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  test_env_restore("CUDA_DEVICE_MAX_CONNECTIONS", &saved);
   CHECK_MSG(st2 == mokNotSupported && strstr(msg2, "CUDA_DEVICE_MAX_CONNECTIONS=1") && strstr(msg2, "2 ranks"),
             "2 ranks: status %d, '%s'", (int)st2, msg2);
   CHECK_MSG(st4 == mokNotSupported, "4 ranks: status %d", (int)st4);

@@ -63,6 +63,18 @@ int test_gpu_count(void) {
   return cached;
 }
 
+void test_env_set(const char *name, const char *value, test_env_saved *saved) {
+  const char *was = getenv(name);
+  saved->had = was != NULL;
+  snprintf(saved->value, sizeof saved->value, "%s", was ? was : "");
+  setenv(name, value, 1);
+}
+
+void test_env_restore(const char *name, const test_env_saved *saved) {
+  if (saved->had) setenv(name, saved->value, 1);
+  else unsetenv(name);
+}
+
 int test_run_child(const char *env, const char *tests, int timeout_s, int *passed, char *report, size_t cap) {
   *passed = 0;
   char self[4096];
