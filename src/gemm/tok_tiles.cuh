@@ -519,31 +519,25 @@ template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true>
 __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
-  if constexpr (RING == kTokRing128) { /* tiles of <= 128 rows */
-    switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-      case 16: tok_consume_nt<KIND, 16, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 32: tok_consume_nt<KIND, 32, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 48: tok_consume_nt<KIND, 48, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 64: tok_consume_nt<KIND, 64, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 80: tok_consume_nt<KIND, 80, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 96: tok_consume_nt<KIND, 96, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      case 112: tok_consume_nt<KIND, 112, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-      default: tok_consume_nt<KIND, 128, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    }
-    return;
-  }
-  switch (__shfl_sync(0xffffffffu, c.nt, 0)) {
-    case 16: tok_consume_nt<KIND, 16, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 32: tok_consume_nt<KIND, 32, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 48: tok_consume_nt<KIND, 48, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 64: tok_consume_nt<KIND, 64, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 80: tok_consume_nt<KIND, 80, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 96: tok_consume_nt<KIND, 96, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 112: tok_consume_nt<KIND, 112, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 128: tok_consume_nt<KIND, 128, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 144: tok_consume_nt<KIND, 144, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    case 160: tok_consume_nt<KIND, 160, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
-    default: tok_consume_nt<KIND, 176, PAIR, kTokMaxUnits, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+  constexpr int kMax = RING * kTokUnit; /* the ring's largest tile: 128 (kTokRing128) or 176 rows */
+  switch (__shfl_sync(0xffffffffu, c.nt, 0)) { /* sizes past kMax never come: they fall to it */
+    case 16: tok_consume_nt<KIND, 16, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 32: tok_consume_nt<KIND, 32, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 48: tok_consume_nt<KIND, 48, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 64: tok_consume_nt<KIND, 64, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 80: tok_consume_nt<KIND, 80, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 96: tok_consume_nt<KIND, 96, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 112: tok_consume_nt<KIND, 112, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
+    case 128:
+      if constexpr (kMax > 128) { tok_consume_nt<KIND, 128, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break; }
+      [[fallthrough]];
+    case 144:
+      if constexpr (kMax > 144) { tok_consume_nt<KIND, 144, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break; }
+      [[fallthrough]];
+    case 160:
+      if constexpr (kMax > 160) { tok_consume_nt<KIND, 160, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break; }
+      [[fallthrough]];
+    default: tok_consume_nt<KIND, kMax, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
   }
 }
 
