@@ -8,7 +8,7 @@ set -uo pipefail
 OUT=${OUT:-/tmp/loopflake}; mkdir -p "$OUT"
 N=${N:-20}
 for q in 32 8; do
-  for v in a b; do
+  for v in ${VARIANTS:-a b}; do
     pass=0; fail=0; first=""
     for i in $(seq $N); do
       o=$(CUDA_DEVICE_MAX_CONNECTIONS=$q timeout 60 build/mok_tests_$v comm_loopback_ranks_1gpu 2>&1)
