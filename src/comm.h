@@ -149,13 +149,11 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * kernel never starts. Under CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream one queue) this
  * refuses nranks > 1 (mokNotSupported): there comm_loopback_ranks_1gpu timed out every time
  * (one H100, session 36, scripts/gpu-s35.sh), where it passed 3 of 3 runs under 8 and 32.
- * mok_tests sets 32 where the variable is unset. Even with queues to spare, the ranks' streams
- * can land on one: CUDA seems to place a stream on a queue at its first launch, and first
- * launches from several rank threads at once can share a queue (one H100, session 37: with the
- * ranks meeting at a host barrier and then launching together, comm_loopback_ranks_1gpu timed
- * out in 24 of 40 runs under 8 or 32 queues, without the barrier in 1 run of the full suite;
- * with each rank's stream launched on once, one rank at a time, first: in 0 of 40). So a rank
- * thread's stream gets its first launch alone (the tests' test_rank_stream). */
+ * mok_tests sets 32 where the variable is unset. With queues to spare the loopback test still
+ * times out now and then (one H100, session 37: 1 of 2 full-suite runs; 24 of 40 runs alone
+ * with the ranks meeting at a host barrier and then launching together, 0 of 20 without): a
+ * rank's work can wait behind a peer's waiting kernel for a reason not yet pinned down
+ * (docs/PERF.md, "Session 37, continued"). */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */

@@ -17,8 +17,6 @@
 #include <stdint.h>
 #include <stdio.h>
 
-#include <cuda_runtime_api.h>
-
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -51,10 +49,6 @@ typedef struct test_env_saved {
 void test_env_set(const char *name, const char *value, test_env_saved *saved);
 void test_env_restore(const char *name, const test_env_saved *saved);
 int test_run_child(const char *env, const char *tests, int timeout_s, int *passed, char *report, size_t cap);
-/* A loopback rank's stream (cudaStreamCreateWithFlags with flags), launched on once before
- * it is returned, one rank thread at a time, so that the ranks' streams do not share a
- * hardware work queue (test_stream.cu says why). Rank threads make their streams with this. */
-cudaError_t test_rank_stream(cudaStream_t *s, unsigned int flags);
 
 #define MOK_TEST_(name, gpus)                                                  \
   static void name(test_ctx *t);                                               \

@@ -198,7 +198,7 @@ static mokResult_t expect_no_async_error(mokComm_t comm, const char *step);
 
 static mokResult_t init_rank_barriers(mokComm_t comm, int rank, void *arg) {
   cudaStream_t s;
-  if (test_rank_stream(&s, cudaStreamDefault) != cudaSuccess) return mokCudaError;
+  if (cudaStreamCreate(&s) != cudaSuccess) return mokCudaError;
   mokResult_t st = mok_comm_launch_barriers(comm, 4, 128, 100, 1, 7, s);
   if (cudaStreamSynchronize(s) != cudaSuccess && st == mokSuccess) st = mokCudaError;
   cudaStreamDestroy(s);
@@ -334,7 +334,7 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   RUN_CUDA(cudaMalloc(&bad, sizeof *bad));
   RUN_CUDA(cudaMemset(bad, 0, sizeof *bad));
   cudaStream_t s;
-  RUN_CUDA(test_rank_stream(&s, cudaStreamNonBlocking));
+  RUN_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // 1) workspace, inside one persistent kernel with device barriers
   int blocks = sms < 16 ? sms : 16;
   for (int rep = 0; rep < 2; rep++) {
@@ -408,7 +408,7 @@ static mokResult_t run_barriers(mokComm_t comm, int rank, void *argp) {
   MOK_CHECK(mokCommRankInfo(comm, NULL, NULL, &dev));
   RUN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
   cudaStream_t s;
-  RUN_CUDA(test_rank_stream(&s, cudaStreamNonBlocking));
+  RUN_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   cudaEvent_t e0, e1;
   RUN_CUDA(cudaEventCreate(&e0));
   RUN_CUDA(cudaEventCreate(&e1));

@@ -189,7 +189,7 @@ static mokResult_t rank_run(mokComm_t comm, int s, void *arg) {
   if (rc == mokSuccess && c->recv_cap) rc = mokLayerSetRecvCapacity(c->layer[s], c->recv_cap); /* (collective) */
   if (rc != mokSuccess) return rc;
   cudaStream_t st;
-  if (test_rank_stream(&st, cudaStreamDefault) != cudaSuccess) return mokCudaError;
+  cudaStreamCreate(&st);
   if (rank_forward(c, s, st) == mokSuccess) rank_backward(c, s, st);
   else c->bwd_rc[s] = c->fwd_rc[s];
   cudaStreamSynchronize(st);
@@ -529,7 +529,7 @@ static mokResult_t rank_capture(mokComm_t comm, int s, void *arg) {
     if (bytes[q]) cudaMemcpy(eager[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
   }
   cudaStream_t st; /* (non-blocking: the other rank's legacy-stream calls never wait for it) */
-  if (test_rank_stream(&st, cudaStreamNonBlocking) != cudaSuccess) return mokCudaError;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   cudaGraph_t graph = NULL;
   cudaGraphExec_t exec = NULL;
   mokResult_t fwd = mokInternalError, bwd = mokInternalError;
@@ -632,7 +632,7 @@ static mokResult_t rank_refuse_dev(mokComm_t comm, int s, void *arg) {
   gpu_case *c = a->c;
   const size_t th = 2 * (size_t)c->T[s] * c->cfg.hidden, tk = 4 * (size_t)c->T[s] * c->cfg.topk;
   cudaStream_t st; /* (non-blocking: the other rank's legacy-stream calls never wait for it) */
-  if (test_rank_stream(&st, cudaStreamNonBlocking) != cudaSuccess) return mokCudaError;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   mokRankInput_t in = c->din[s];
   if (a->which == 0) {
     cudaMemsetAsync(c->out_d[s], 0x77, th, st);
@@ -673,7 +673,7 @@ static mokResult_t rank_after_refusal(mokComm_t comm, int s, void *arg) {
   size_t bytes[4];
   rank_outputs(c, s, ptr, bytes);
   cudaStream_t st;
-  if (test_rank_stream(&st, cudaStreamNonBlocking) != cudaSuccess) return mokCudaError;
+  cudaStreamCreateWithFlags(&st, cudaStreamNonBlocking);
   for (int q = 0; q < 4; q++)
     if (bytes[q]) cudaMemsetAsync(ptr[q], 0xff, bytes[q], st);
   mokResult_t rc = mokLayerForward(c->layer[s], mokImplMega, &c->din[s], &c->dw[s], c->out_d[s], st);
@@ -861,8 +861,8 @@ static mokResult_t rank_pair(mokComm_t comm, int s, void *arg) {
   mokLayer_t la = p->a->layer[s];
   if ((rc = mokLayerMemoryInfo(la, &p->own_created[s], &p->scratch_created[s])) != mokSuccess) return rc;
   cudaStream_t st, st2;
-  if (test_rank_stream(&st, cudaStreamDefault) != cudaSuccess) return mokCudaError;
-  if (test_rank_stream(&st2, cudaStreamNonBlocking) != cudaSuccess) return mokCudaError;
+  cudaStreamCreate(&st);
+  cudaStreamCreateWithFlags(&st2, cudaStreamNonBlocking);
   mokRankInput_t few = p->a->din[s];
   few.num_tokens = few.num_tokens < 9 ? few.num_tokens : 9;
   rc = mokLayerForward(la, p->a->impl, &few, &p->a->dw[s], p->a->out_d[s], st);
@@ -988,7 +988,7 @@ static mokResult_t rank_bad(mokComm_t comm, int s, void *arg) {
   mokResult_t rc = rank_run(comm, s, c); /* creates the layer and runs a good pass */
   if (rc != mokSuccess) return rc;
   cudaStream_t st;
-  if (test_rank_stream(&st, cudaStreamDefault) != cudaSuccess) return mokCudaError;
+  cudaStreamCreate(&st);
   /* backward of a different token count than the forward: refused */
   mokRankInput_t other = c->din[s];
   other.num_tokens = c->T[s] - 1;
