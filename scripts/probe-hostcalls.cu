@@ -1,0 +1,184 @@
+/*
+ * probe-hostcalls.cu — which host calls of one thread wait for another thread's running
+ * kernel on the same GPU (the loopback ranks' hazard: docs/PERF.md, "Session 37, continued").
+ *
+ * For each candidate call: the main thread launches a one-CTA kernel on a non-blocking stream
+ * of its own that spins until a flag in mapped host memory is set (or SPIN_MS passes); once it
+ * runs, a second thread makes the call and times it, and the main thread sets the flag at
+ * SPIN_MS / 2. A call that takes about SPIN_MS / 2 waited for the spinning kernel (so, between
+ * loopback ranks, it would wait for a peer's kernel that waits for this rank: a hang until the
+ * timeout); one that takes microseconds did not. Last, with the spinner running again, the main
+ * thread makes up to NSTREAMS fresh streams and launches an empty kernel on each in turn: the
+ * first whose kernel does not finish within SPIN_MS / 50 shares a hardware queue with the
+ * spinner (how CUDA places streams on CUDA_DEVICE_MAX_CONNECTIONS queues).
+ * No library code: the CUDA runtime alone.
+ *
+ * Build and run (a GPU machine; CUDA_DEVICE_MAX_CONNECTIONS as the run wants):
+ *   nvcc -O2 -arch=sm_90a -o build/probe-hostcalls scripts/probe-hostcalls.cu -lpthread
+ *   CUDA_DEVICE_MAX_CONNECTIONS=32 build/probe-hostcalls [SPIN_MS [NSTREAMS]]
+ */
+#include <cuda_runtime.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+#include <time.h>
+
+#define CK(call)                                                                               \
+  do {                                                                                         \
+    cudaError_t e_ = (call);                                                                   \
+    if (e_ != cudaSuccess) {                                                                   \
+      fprintf(stderr, "%s:%d: %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(e_));  \
+      exit(1);                                                                                 \
+    }                                                                                          \
+  } while (0)
+
+__global__ void k_spin(volatile int *flag, unsigned long long ns, volatile int *started) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  *started = 1;
+  __threadfence_system();
+  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (!*flag && t - t0 < ns);
+}
+__global__ void k_empty() {}
+
+static double now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return ts.tv_sec * 1e3 + ts.tv_nsec * 1e-6;
+}
+
+typedef struct {
+  const char *name;
+  int which;
+  double ms;
+} job;
+
+static int g_spin_ms = 1000;
+static void *keep_ptr = NULL;
+
+/* The candidate calls, each made by thread B while the spinner runs. */
+static void call(int which) {
+  static cudaStream_t s;
+  static cudaEvent_t ev;
+  void *p = NULL;
+  switch (which) {
+    case 0: CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking)); break;
+    case 1: { /* a fresh stream's first launch, and waiting for it */
+      cudaStream_t f;
+      CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+      k_empty<<<1, 32, 0, f>>>();
+      CK(cudaGetLastError());
+      CK(cudaStreamSynchronize(f));
+      CK(cudaStreamDestroy(f));
+      break;
+    }
+    case 2: CK(cudaEventCreate(&ev)); break;
+    case 3: CK(cudaEventCreateWithFlags(&ev, cudaEventDisableTiming)); break;
+    case 4: CK(cudaMalloc(&p, 8)); keep_ptr = p; break;
+    case 5: CK(cudaMalloc(&p, (size_t)64 << 20)); CK(cudaFree(p)); break;
+    case 6: CK(cudaMalloc(&p, (size_t)256 << 20)); keep_ptr = p; break;
+    case 7: CK(cudaMemset(keep_ptr, 0, 8)); break;
+    case 8: CK(cudaMallocHost(&p, 4096)); CK(cudaFreeHost(p)); break;
+    case 9: CK(cudaFree(keep_ptr)); keep_ptr = NULL; break;
+    case 10: { cudaFuncAttributes fa; CK(cudaFuncGetAttributes(&fa, (const void *)k_empty)); break; }
+    case 11: CK(cudaStreamDestroy(s)); break;
+    case 12: { /* an existing stream's (case 0's) first launch */
+      CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+      k_empty<<<1, 32, 0, s>>>();
+      CK(cudaGetLastError());
+      CK(cudaStreamSynchronize(s));
+      break;
+    }
+    case 13: CK(cudaMemcpy(&p, &keep_ptr, sizeof p, cudaMemcpyHostToHost)); break;
+  }
+}
+static const char *kNames[] = {"cudaStreamCreateWithFlags",
+                               "new stream: first launch + its sync",
+                               "cudaEventCreate",
+                               "cudaEventCreateWithFlags(DisableTiming)",
+                               "cudaMalloc 8 B",
+                               "cudaMalloc + cudaFree 64 MB",
+                               "cudaMalloc 256 MB",
+                               "cudaMemset 8 B (legacy stream)",
+                               "cudaMallocHost + cudaFreeHost 4 KB",
+                               "cudaFree (the 256 MB)",
+                               "cudaFuncGetAttributes",
+                               "cudaStreamDestroy",
+                               "stream made, then first launch + sync",
+                               "cudaMemcpy host to host"};
+enum { kCalls = sizeof kNames / sizeof kNames[0] };
+
+static void *thread_b(void *arg) {
+  job *j = (job *)arg;
+  CK(cudaSetDevice(0));
+  const double t0 = now_ms();
+  call(j->which);
+  j->ms = now_ms() - t0;
+  return NULL;
+}
+
+/* The spinner on stream a: returns once it runs. hflag / hstarted: the host's view of the
+ * mapped words, dflag / dstarted the kernel's. */
+static volatile int *hflag, *hstarted, *dflag, *dstarted;
+static void spinner_start(cudaStream_t a) {
+  *hflag = 0;
+  *hstarted = 0;
+  k_spin<<<1, 32, 0, a>>>(dflag, (unsigned long long)g_spin_ms * 1000000ull, dstarted);
+  CK(cudaGetLastError());
+  while (!*hstarted) {
+  }
+}
+
+int main(int argc, char **argv) {
+  if (argc > 1) g_spin_ms = atoi(argv[1]);
+  const int nstreams = argc > 2 ? atoi(argv[2]) : 40;
+  const char *q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
+  CK(cudaSetDevice(0));
+  int *h = NULL, *d = NULL;
+  CK(cudaHostAlloc((void **)&h, 2 * sizeof(int), cudaHostAllocMapped));
+  CK(cudaHostGetDevicePointer((void **)&d, h, 0));
+  hflag = h, hstarted = h + 1, dflag = d, dstarted = d + 1;
+  cudaStream_t a;
+  CK(cudaStreamCreateWithFlags(&a, cudaStreamNonBlocking));
+  k_empty<<<1, 32, 0, a>>>(); /* A's own first launch, before anything is timed */
+  CK(cudaStreamSynchronize(a));
+  cudaDeviceProp prop;
+  CK(cudaGetDeviceProperties(&prop, 0));
+  printf("probe-hostcalls: %s, CUDA_DEVICE_MAX_CONNECTIONS=%s, spinner %d ms (the flag ends it at about %d ms)\n",
+         prop.name, q ? q : "(unset)", g_spin_ms, g_spin_ms / 2);
+  for (int w = 0; w < kCalls; w++) {
+    spinner_start(a);
+    job j = {kNames[w], w, 0};
+    pthread_t th;
+    pthread_create(&th, NULL, thread_b, &j);
+    const double t0 = now_ms(); /* B's call runs into the spinner; one that waits ends with it */
+    while (now_ms() - t0 < g_spin_ms * 0.5) {
+    }
+    *hflag = 1;
+    pthread_join(th, NULL);
+    CK(cudaStreamSynchronize(a));
+    printf("  %-42s %9.3f ms%s\n", kNames[w], j.ms, j.ms > g_spin_ms * 0.25 ? "   <- waited for the spinner" : "");
+  }
+  /* fresh streams, one after another, each launched on while the spinner runs */
+  spinner_start(a);
+  int waited = -1;
+  cudaStream_t *ss = (cudaStream_t *)calloc((size_t)nstreams, sizeof *ss);
+  for (int i = 0; i < nstreams && waited < 0; i++) {
+    CK(cudaStreamCreateWithFlags(&ss[i], cudaStreamNonBlocking));
+    const double t0 = now_ms();
+    k_empty<<<1, 32, 0, ss[i]>>>();
+    /* a bounded wait: poll, so a stream stuck behind the spinner is seen, not waited out */
+    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < g_spin_ms * 0.02) {
+    }
+    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady) waited = i;
+  }
+  *hflag = 1;
+  CK(cudaDeviceSynchronize());
+  if (waited >= 0)
+    printf("  fresh streams: the launch on stream %d (made after %d others) waited for the spinner: it shares its queue\n",
+           waited + 1, waited);
+  else
+    printf("  fresh streams: %d made and launched on in turn, none waited for the spinner\n", nstreams);
+  return 0;
+}
