@@ -322,6 +322,44 @@ typedef struct {
   uint32_t seed;
 } pattern_arg;
 
+/* Where each rank's thread was, for the loopback ranks' occasional timeouts (docs/PERF.md,
+ * session 37: a rank's work sometimes waits behind a peer's waiting kernel, cause not yet
+ * known): run_patterns and run_barriers stamp their host steps (ms from steps_reset), and
+ * the loopback test prints every rank's steps when such a run fails. A step that took about
+ * the timeout (2 s) is the one that waited. */
+enum { kMaxSteps = 12 };
+typedef struct {
+  const char *what[kMaxSteps];
+  double ms[kMaxSteps];
+  int n;
+} rank_steps;
+static rank_steps g_steps[MAX_GPUS];
+static double g_steps_t0;
+static double mono_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
+}
+static void steps_reset(void) {
+  memset(g_steps, 0, sizeof g_steps);
+  g_steps_t0 = mono_ms();
+}
+static void step(int rank, const char *what) {
+  if (rank < 0 || rank >= MAX_GPUS || g_steps[rank].n >= kMaxSteps) return;
+  rank_steps *r = &g_steps[rank];
+  r->what[r->n] = what;
+  r->ms[r->n] = mono_ms() - g_steps_t0;
+  r->n++;
+}
+static void steps_print(int nranks, const char *run) {
+  printf("      %s, each rank's host steps (ms from the start):\n", run);
+  for (int r = 0; r < nranks && r < MAX_GPUS; r++) {
+    printf("        rank %d:", r);
+    for (int i = 0; i < g_steps[r].n; i++) printf(" %s %.1f", g_steps[r].what[i], g_steps[r].ms[i]);
+    printf("\n");
+  }
+}
+
 static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   pattern_arg *a = (pattern_arg *)argp;
   int nranks = 0, sms = 0, dev = 0;
@@ -331,17 +369,23 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   MOK_CHECK(mok_comm_device_view(comm, &cd));
   const size_t words = (cd.ws_bytes / 4 / (size_t)nranks) - 17;  // odd size: tails too
   unsigned long long *bad = NULL, hbad = 0;
+  step(rank, "malloc");
   RUN_CUDA(cudaMalloc(&bad, sizeof *bad));
+  step(rank, "memset");
   RUN_CUDA(cudaMemset(bad, 0, sizeof *bad));
+  step(rank, "stream");
   cudaStream_t s;
   RUN_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
   // 1) workspace, inside one persistent kernel with device barriers
   int blocks = sms < 16 ? sms : 16;
+  step(rank, "launch");
   for (int rep = 0; rep < 2; rep++) {
     k_ws_patterns<<<blocks, 512, 0, s>>>(cd, words, a->seed + (uint32_t)rep, bad);
     RUN_CUDA(cudaGetLastError());
   }
+  step(rank, "sync");
   RUN_CUDA(cudaStreamSynchronize(s));
+  step(rank, "done");
   MOK_CHECK(expect_no_async_error(comm, "workspace patterns (one kernel, device barriers)"));
   RUN_CUDA(cudaMemcpy(&hbad, bad, sizeof hbad, cudaMemcpyDeviceToHost));
   RUN_CHECK(hbad == 0, "workspace: %llu wrong words of %zu", hbad, 2 * words * (size_t)nranks * nranks);
@@ -407,11 +451,14 @@ static mokResult_t run_barriers(mokComm_t comm, int rank, void *argp) {
   int dev = 0, sms = 0;
   MOK_CHECK(mokCommRankInfo(comm, NULL, NULL, &dev));
   RUN_CUDA(cudaDeviceGetAttribute(&sms, cudaDevAttrMultiProcessorCount, dev));
+  step(rank, "stream");
   cudaStream_t s;
   RUN_CUDA(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  step(rank, "events");
   cudaEvent_t e0, e1;
   RUN_CUDA(cudaEventCreate(&e0));
   RUN_CUDA(cudaEventCreate(&e1));
+  step(rank, "launch");
   // 5,000 barriers in one kernel on every SM, then 5 kernels x 1,000 on 8 CTAs (the
   // epochs continue across launches and grid sizes). The stamps run on from kernel to kernel:
   // a rank's check after barrier i accepts i + 1 (a peer already past it), which may come
@@ -420,7 +467,9 @@ static mokResult_t run_barriers(mokComm_t comm, int rank, void *argp) {
   MOK_CHECK(mok_comm_launch_barriers(comm, sms, 256, 5000, 1, 0, s));
   for (int k = 0; k < 5; k++) MOK_CHECK(mok_comm_launch_barriers(comm, 8, 128, 1000, 1, 5000u + 1000u * (uint32_t)k, s));
   RUN_CUDA(cudaEventRecord(e1, s));
+  step(rank, "sync");
   RUN_CUDA(cudaStreamSynchronize(s));
+  step(rank, "done");
   float ms = 0;
   RUN_CUDA(cudaEventElapsedTime(&ms, e0, e1));
   MOK_CHECK(expect_no_async_error(comm, "10,000 barriers"));
@@ -790,12 +839,16 @@ MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
     CHECK_STATUS(mokCommGetNccl(comms[0], &nc), mokNotSupported);
     CHECK(strstr(mokGetLastError(), "loopback") != NULL);
     pattern_arg a = {(uint32_t)test_seed()};
+    steps_reset();
     const mokResult_t st1 = mokLocalRun(n, comms, run_patterns, &a);
     char msg1[MOK_ERRMSG_LEN];
     snprintf(msg1, sizeof msg1, "%s", mokGetLastError());
+    if (st1 != mokSuccess) steps_print(n, "patterns failed");
+    steps_reset();
     const mokResult_t st2 = st1 == mokSuccess ? mokLocalRun(n, comms, run_barriers, NULL) : st1;
     char msg2[MOK_ERRMSG_LEN];
     snprintf(msg2, sizeof msg2, "%s", mokGetLastError());
+    if (st1 == mokSuccess && st2 != mokSuccess) steps_print(n, "barriers failed");
     agree_arg *g = (agree_arg *)calloc(1, sizeof *g);
     const mokResult_t st3 = mokLocalRun(n, comms, run_agree, g);
     const mokResult_t st4 = mokLocalRun(n, comms, run_allgather, NULL);
