@@ -150,7 +150,7 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * refuses nranks > 1 (mokNotSupported): there comm_loopback_ranks_1gpu timed out every time
  * (one H100, session 36, scripts/gpu-s35.sh), where it passed 3 of 3 runs under 8 and 32.
  * mok_tests sets 32 where the variable is unset. With queues to spare the loopback test still
- * times out now and then (one H100, sessions 36-37: 1 of 3 full-suite runs; 24 of 40 runs alone
+ * times out now and then (H100s, sessions 36-37: 1 of 3 full-suite runs; 24 of 40 runs alone
  * with the ranks meeting at a host barrier and then launching together, 0 of 20 without): a
  * rank's work can wait behind a peer's waiting kernel for a reason not yet pinned down
  * (docs/PERF.md, "Session 37, continued"). */
