@@ -14,7 +14,7 @@ if [ "${PREBUILT:-0}" != 1 ] || [ ! -x build/mok ] || [ ! -x build/mok_tests ]; 
   make -j16 all build/mok_tests > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
 fi
 nvcc -O2 -arch=sm_90a -o build/probe-hostcalls scripts/probe-hostcalls.cu -lpthread > "$OUT/probe-build.log" 2>&1 &&
-  for q in 32 8; do CUDA_DEVICE_MAX_CONNECTIONS=$q timeout 120 build/probe-hostcalls 1000 40 2>&1 | tee -a "$OUT/probe.log"; done
+  for q in 32 8; do for c in 1 132; do CUDA_DEVICE_MAX_CONNECTIONS=$q timeout 120 build/probe-hostcalls 1000 40 $c 2>&1 | tee -a "$OUT/probe.log"; done; done
 timeout 300 build/mok_tests > "$OUT/suite.log" 2>&1; echo "suite rc=$? $(grep -E 'passed|failed' "$OUT/suite.log" | tail -1)"
 grep -E "^FAIL|host steps|rank [0-9]:" "$OUT/suite.log" | cut -c1-300
 if [[ "$GPU" == *H200* ]]; then

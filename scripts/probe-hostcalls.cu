@@ -15,7 +15,7 @@
  *
  * Build and run (a GPU machine; CUDA_DEVICE_MAX_CONNECTIONS as the run wants):
  *   nvcc -O2 -arch=sm_90a -o build/probe-hostcalls scripts/probe-hostcalls.cu -lpthread
- *   CUDA_DEVICE_MAX_CONNECTIONS=32 build/probe-hostcalls [SPIN_MS [NSTREAMS]]
+ *   CUDA_DEVICE_MAX_CONNECTIONS=32 build/probe-hostcalls [SPIN_MS [NSTREAMS [SPIN_CTAS]]]
  */
 #include <cuda_runtime.h>
 #include <pthread.h>
@@ -36,9 +36,13 @@
 __global__ void k_spin(volatile int *flag, unsigned long long ns, volatile int *started) {
   unsigned long long t0, t;
   asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
-  *started = 1;
-  __threadfence_system();
-  do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (!*flag && t - t0 < ns);
+  if (blockIdx.x == 0 && threadIdx.x == 0) {
+    *started = 1;
+    __threadfence_system();
+  }
+  if (threadIdx.x == 0) /* one poller a CTA; the others hold the CTA's place at the barrier */
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (!*flag && t - t0 < ns);
+  __syncthreads();
 }
 __global__ void k_empty() {}
 
@@ -91,6 +95,18 @@ static void call(int which) {
       break;
     }
     case 13: CK(cudaMemcpy(&p, &keep_ptr, sizeof p, cudaMemcpyHostToHost)); break;
+    case 14: { /* an event recorded on a fresh stream, and waited for */
+      cudaStream_t f;
+      cudaEvent_t e;
+      CK(cudaStreamCreateWithFlags(&f, cudaStreamNonBlocking));
+      CK(cudaEventCreateWithFlags(&e, cudaEventDisableTiming));
+      CK(cudaEventRecord(e, f));
+      CK(cudaEventSynchronize(e));
+      CK(cudaEventDestroy(e));
+      CK(cudaStreamDestroy(f));
+      break;
+    }
+    case 15: CK(cudaDeviceSynchronize()); break; /* a control: must wait */
   }
 }
 static const char *kNames[] = {"cudaStreamCreateWithFlags",
@@ -106,7 +122,9 @@ static const char *kNames[] = {"cudaStreamCreateWithFlags",
                                "cudaFuncGetAttributes",
                                "cudaStreamDestroy",
                                "stream made, then first launch + sync",
-                               "cudaMemcpy host to host"};
+                               "cudaMemcpy host to host",
+                               "fresh stream: event record + sync",
+                               "cudaDeviceSynchronize (control: waits)"};
 enum { kCalls = sizeof kNames / sizeof kNames[0] };
 
 static void *thread_b(void *arg) {
@@ -121,10 +139,11 @@ static void *thread_b(void *arg) {
 /* The spinner on stream a: returns once it runs. hflag / hstarted: the host's view of the
  * mapped words, dflag / dstarted the kernel's. */
 static volatile int *hflag, *hstarted, *dflag, *dstarted;
+static int g_spin_ctas = 1;
 static void spinner_start(cudaStream_t a) {
   *hflag = 0;
   *hstarted = 0;
-  k_spin<<<1, 32, 0, a>>>(dflag, (unsigned long long)g_spin_ms * 1000000ull, dstarted);
+  k_spin<<<g_spin_ctas, 256, 0, a>>>(dflag, (unsigned long long)g_spin_ms * 1000000ull, dstarted);
   CK(cudaGetLastError());
   while (!*hstarted) {
   }
@@ -133,6 +152,7 @@ static void spinner_start(cudaStream_t a) {
 int main(int argc, char **argv) {
   if (argc > 1) g_spin_ms = atoi(argv[1]);
   const int nstreams = argc > 2 ? atoi(argv[2]) : 40;
+  if (argc > 3) g_spin_ctas = atoi(argv[3]); /* e.g. 132: one CTA an SM, as the barrier test's kernels */
   const char *q = getenv("CUDA_DEVICE_MAX_CONNECTIONS");
   CK(cudaSetDevice(0));
   int *h = NULL, *d = NULL;
@@ -145,8 +165,8 @@ int main(int argc, char **argv) {
   CK(cudaStreamSynchronize(a));
   cudaDeviceProp prop;
   CK(cudaGetDeviceProperties(&prop, 0));
-  printf("probe-hostcalls: %s, CUDA_DEVICE_MAX_CONNECTIONS=%s, spinner %d ms (the flag ends it at about %d ms)\n",
-         prop.name, q ? q : "(unset)", g_spin_ms, g_spin_ms / 2);
+  printf("probe-hostcalls: %s, CUDA_DEVICE_MAX_CONNECTIONS=%s, spinner %d CTAs x 256, %d ms (the flag ends it at about %d ms)\n",
+         prop.name, q ? q : "(unset)", g_spin_ctas, g_spin_ms, g_spin_ms / 2);
   for (int w = 0; w < kCalls; w++) {
     spinner_start(a);
     job j = {kNames[w], w, 0};
