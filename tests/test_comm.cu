@@ -335,20 +335,15 @@ typedef struct {
 } rank_steps;
 static rank_steps g_steps[MAX_GPUS];
 static double g_steps_t0;
-static double mono_ms(void) {
-  struct timespec ts;
-  clock_gettime(CLOCK_MONOTONIC, &ts);
-  return (double)ts.tv_sec * 1e3 + (double)ts.tv_nsec * 1e-6;
-}
 static void steps_reset(void) {
   memset(g_steps, 0, sizeof g_steps);
-  g_steps_t0 = mono_ms();
+  g_steps_t0 = 1e3 * now_s();
 }
 static void step(int rank, const char *what) {
   if (rank < 0 || rank >= MAX_GPUS || g_steps[rank].n >= kMaxSteps) return;
   rank_steps *r = &g_steps[rank];
   r->what[r->n] = what;
-  r->ms[r->n] = mono_ms() - g_steps_t0;
+  r->ms[r->n] = 1e3 * now_s() - g_steps_t0;
   r->n++;
 }
 static void steps_print(int nranks, const char *run) {
