@@ -7,10 +7,21 @@
  * runs, a second thread makes the call and times it, and the main thread sets the flag at
  * SPIN_MS / 2. A call that takes about SPIN_MS / 2 waited for the spinning kernel (so, between
  * loopback ranks, it would wait for a peer's kernel that waits for this rank: a hang until the
- * timeout); one that takes microseconds did not. Last, with the spinner running again, the main
- * thread makes up to NSTREAMS fresh streams and launches an empty kernel on each in turn: the
- * first whose kernel does not finish within SPIN_MS / 50 shares a hardware queue with the
- * spinner (how CUDA places streams on CUDA_DEVICE_MAX_CONNECTIONS queues).
+ * timeout); one that takes microseconds did not. Then, with the spinner running and an empty
+ * kernel queued behind it on its stream, the main thread makes NSTREAMS fresh streams and
+ * launches an empty kernel on each in turn: one that does not finish within 5 ms is stuck
+ * behind the queued kernel (shares its hardware queue); the same again with those streams,
+ * already used. Last, the loopback ranks' pattern without the library: 4 threads, a stream
+ * each, two kernels each that meet the other threads' kernel of the same round (500 ms
+ * timeout), 30 trials a setting: 1 CTA x 32 or 16 CTAs x 512, launched as they come, after
+ * a host barrier, or in rounds (a thread queues its round-r kernel once every thread has
+ * queued its round r-1 one: comm.h, mok_comm_peer_kernel_queued).
+ * Session 38 (one H100, bench/results/probe-hostcalls-h100-2026-12-06-s38*.log): cudaFree,
+ * cudaMalloc + cudaFree 64 MB, cudaMallocHost + cudaFreeHost wait for the spinner; stream,
+ * event and 8 B / 256 MB cudaMalloc calls do not; no fresh or used stream was stuck under 32,
+ * 8 or 2 queues (33 of 40 under 1); the meeting kernels timed out in 10-22 of 30 trials after
+ * a host barrier, 0-3 of 30 as they come, 0 of 240 in rounds. PROBE_SKIP_CALLS=1 skips the
+ * host-call timings.
  * No library code: the CUDA runtime alone.
  *
  * Build and run (a GPU machine; CUDA_DEVICE_MAX_CONNECTIONS as the run wants):
@@ -149,6 +160,63 @@ static void spinner_start(cudaStream_t a) {
   }
 }
 
+/* ---- the meeting kernels (the loopback ranks' pattern) ---------------------------------- */
+enum { kRanks = 4, kTrials = 30 };
+struct big_param {
+  int pad[150]; /* about mokCommDev's size (~600 bytes), as the test's kernels take it */
+};
+__global__ void k_meet(int *count, int target, unsigned long long ns, int *timedout, big_param bp) {
+  unsigned long long t0, t;
+  asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t0));
+  if (threadIdx.x == 0) {
+    atomicAdd(count, 1 + bp.pad[0]);
+    do asm volatile("mov.u64 %0, %%globaltimer;" : "=l"(t)); while (atomicAdd(count, 0) < target && t - t0 < ns);
+    if (atomicAdd(count, 0) < target) atomicExch(timedout, 1);
+  }
+  __syncthreads();
+}
+static int g_meet_ctas = 1, g_meet_threads = 32;
+static int *g_meet; /* device: [0] the counter, [1] timed out */
+static pthread_barrier_t g_bar;
+static int g_use_bar, g_use_gate;
+static int g_submitted[2]; /* rounds: how many ranks have queued their kernel of round r */
+static void *meet_rank(void *arg) {
+  (void)arg;
+  cudaStream_t s;
+  CK(cudaStreamCreateWithFlags(&s, cudaStreamNonBlocking));
+  if (g_use_bar) pthread_barrier_wait(&g_bar);
+  big_param bp;
+  memset(&bp, 0, sizeof bp);
+  for (int r = 0; r < 2; r++) {
+    /* the round gate: a rank queues its round-r kernel only once every rank has queued its
+     * round r-1 kernel, so any queue holds the kernels in round order */
+    if (g_use_gate && r > 0)
+      while (__atomic_load_n(&g_submitted[r - 1], __ATOMIC_ACQUIRE) < kRanks) {
+      }
+    k_meet<<<g_meet_ctas, g_meet_threads, 0, s>>>(g_meet, kRanks * g_meet_ctas * (r + 1), 500000000ull, g_meet + 1, bp);
+    __atomic_add_fetch(&g_submitted[r], 1, __ATOMIC_ACQ_REL);
+  }
+  CK(cudaGetLastError());
+  CK(cudaStreamSynchronize(s));
+  CK(cudaStreamDestroy(s));
+  return NULL;
+}
+static int meet_trial(int bar) {
+  if (!g_meet) CK(cudaMalloc((void **)&g_meet, 2 * sizeof(int)));
+  CK(cudaMemset(g_meet, 0, 2 * sizeof(int)));
+  CK(cudaDeviceSynchronize());
+  g_use_bar = bar & 1, g_use_gate = bar >> 1;
+  g_submitted[0] = g_submitted[1] = 0;
+  pthread_barrier_init(&g_bar, NULL, kRanks);
+  pthread_t th[kRanks];
+  for (int i = 0; i < kRanks; i++) pthread_create(&th[i], NULL, meet_rank, NULL);
+  for (int i = 0; i < kRanks; i++) pthread_join(th[i], NULL);
+  pthread_barrier_destroy(&g_bar);
+  int h[2];
+  CK(cudaMemcpy(h, g_meet, sizeof h, cudaMemcpyDeviceToHost));
+  return h[1];
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) g_spin_ms = atoi(argv[1]);
   const int nstreams = argc > 2 ? atoi(argv[2]) : 40;
@@ -167,7 +235,7 @@ int main(int argc, char **argv) {
   CK(cudaGetDeviceProperties(&prop, 0));
   printf("probe-hostcalls: %s, CUDA_DEVICE_MAX_CONNECTIONS=%s, spinner %d CTAs x 256, %d ms (the flag ends it at about %d ms)\n",
          prop.name, q ? q : "(unset)", g_spin_ctas, g_spin_ms, g_spin_ms / 2);
-  for (int w = 0; w < kCalls; w++) {
+  for (int w = 0; w < kCalls && !getenv("PROBE_SKIP_CALLS"); w++) {
     spinner_start(a);
     job j = {kNames[w], w, 0};
     pthread_t th;
@@ -180,25 +248,56 @@ int main(int argc, char **argv) {
     CK(cudaStreamSynchronize(a));
     printf("  %-42s %9.3f ms%s\n", kNames[w], j.ms, j.ms > g_spin_ms * 0.25 ? "   <- waited for the spinner" : "");
   }
-  /* fresh streams, one after another, each launched on while the spinner runs */
+  /* fresh streams, one after another, each launched on while the spinner runs and an empty
+   * kernel waits behind it on stream a: a fresh stream on a's hardware queue has its launch
+   * behind that waiting kernel, so it does not finish until the spinner ends */
   spinner_start(a);
-  int waited = -1;
+  k_empty<<<1, 32, 0, a>>>();
+  int stuck[64], nstuck = 0;
   cudaStream_t *ss = (cudaStream_t *)calloc((size_t)nstreams, sizeof *ss);
-  for (int i = 0; i < nstreams && waited < 0; i++) {
+  for (int i = 0; i < nstreams; i++) {
     CK(cudaStreamCreateWithFlags(&ss[i], cudaStreamNonBlocking));
     const double t0 = now_ms();
     k_empty<<<1, 32, 0, ss[i]>>>();
     /* a bounded wait: poll, so a stream stuck behind the spinner is seen, not waited out */
-    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < g_spin_ms * 0.02) {
+    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < 5.0) {
     }
-    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady) waited = i;
+    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady && nstuck < 64) stuck[nstuck++] = i + 1;
   }
   *hflag = 1;
   CK(cudaDeviceSynchronize());
-  if (waited >= 0)
-    printf("  fresh streams: the launch on stream %d (made after %d others) waited for the spinner: it shares its queue\n",
-           waited + 1, waited);
-  else
-    printf("  fresh streams: %d made and launched on in turn, none waited for the spinner\n", nstreams);
+  printf("  fresh streams (1 = made right after a): %d of %d stuck behind a's queued kernel:", nstuck, nstreams);
+  for (int i = 0; i < nstuck; i++) printf(" %d", stuck[i]);
+  printf("\n");
+  /* the same streams again, each used before a's kernels were queued: a stream keeps the queue
+   * of its first launch if some of these are stuck now */
+  spinner_start(a);
+  k_empty<<<1, 32, 0, a>>>();
+  nstuck = 0;
+  for (int i = 0; i < nstreams; i++) {
+    const double t0 = now_ms();
+    k_empty<<<1, 32, 0, ss[i]>>>();
+    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < 5.0) {
+    }
+    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady && nstuck < 64) stuck[nstuck++] = i + 1;
+  }
+  *hflag = 1;
+  CK(cudaDeviceSynchronize());
+  printf("  the same streams, used before: %d of %d stuck behind a's queued kernel:", nstuck, nstreams);
+  for (int i = 0; i < nstuck; i++) printf(" %d", stuck[i]);
+  printf("\n");
+  for (int i = 0; i < nstreams; i++) cudaStreamDestroy(ss[i]);
+  /* the loopback test's pattern without the library: RANKS threads, each makes a stream and
+   * queues two kernels that each meet the other ranks' kernel of the same round (a counter in
+   * device memory; 500 ms timeout), with or without a host barrier before the launches */
+  const int shapes[][2] = {{1, 32}, {16, 512}};
+  for (int sh = 0; sh < 2; sh++)
+    for (int bar = 0; bar < 4; bar++) {
+      g_meet_ctas = shapes[sh][0], g_meet_threads = shapes[sh][1];
+      int fails = 0;
+      for (int t = 0; t < kTrials; t++) fails += meet_trial(bar);
+      printf("  %d ranks, 2 meeting kernels each (%d CTAs x %d), %s: %d of %d trials timed out\n", kRanks,
+             g_meet_ctas, g_meet_threads, (const char *[]){"no host barrier", "host barrier before the launches", "round gate", "host barrier, round gate"}[bar], fails, kTrials);
+    }
   return 0;
 }

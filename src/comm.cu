@@ -59,9 +59,48 @@ int mok_lb_wait(struct loopback *lb) {
   pthread_mutex_unlock(&lb->mu);
   return ok;
 }
+static unsigned long long lb_queued_min(const struct loopback *lb) {
+  unsigned long long m = lb->queued[0];
+  for (int q = 1; q < lb->n; q++) m = lb->queued[q] < m ? lb->queued[q] : m;
+  return m;
+}
+int mok_lb_gate(struct loopback *lb, int rank) {
+  pthread_mutex_lock(&lb->mu);
+  const unsigned long long k = ++lb->queued[rank];
+  pthread_cond_broadcast(&lb->cv);
+  struct timespec dl;
+  clock_gettime(CLOCK_REALTIME, &dl);
+  dl.tv_sec += lb->wait_s;
+  while (!lb->aborted && lb_queued_min(lb) < k)
+    if (pthread_cond_timedwait(&lb->cv, &lb->mu, &dl) == ETIMEDOUT && lb_queued_min(lb) < k) {
+      lb->aborted = 1, lb->timed_out = 2;
+      pthread_cond_broadcast(&lb->cv);
+    }
+  const int ok = !lb->aborted;
+  pthread_mutex_unlock(&lb->mu);
+  return ok;
+}
 // Why the group is unusable, for messages.
 static const char *lb_why(struct loopback *lb) {
-  return lb && lb->timed_out ? " (a rank did not reach a host collective in time: destroy and re-create the comms)" : "";
+  if (!lb || !lb->timed_out) return "";
+  return lb->timed_out == 2 ? " (a rank did not queue a kernel its peers wait for in time: destroy and re-create the comms)"
+                            : " (a rank did not reach a host collective in time: destroy and re-create the comms)";
+}
+
+extern "C" mokResult_t mok_comm_peer_kernel_queued(mokComm_t c, cudaStream_t stream) {
+  static const char fn[] = "mok_comm_peer_kernel_queued";
+  if (!c) return mok_error(NULL, mokInvalidArgument, "%s: comm is NULL", fn);
+  if (!c->lb) return mokSuccess;
+  cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  if (cudaStreamIsCapturing(stream, &cs) != cudaSuccess) {
+    cudaGetLastError();
+    cs = cudaStreamCaptureStatusNone;
+  }
+  if (cs != cudaStreamCaptureStatusNone) return mokSuccess; /* recorded, not queued */
+  if (!mok_lb_gate(c->lb, c->rank))
+    return mok_comm_error(c, mokInternalError, "%s: loopback rank %d: the group was aborted%s", fn, c->rank,
+                          lb_why(c->lb));
+  return mokSuccess;
 }
 void mok_lb_abort(struct loopback *lb) {
   pthread_mutex_lock(&lb->mu);
@@ -767,7 +806,14 @@ extern "C" mokResult_t mok_comm_launch_barriers(mokComm_t comm, int blocks, int 
     goto out;
   }
   k_barriers<<<blocks, threads, 0, stream>>>(dev, count, check, base);
-  C_CUDA(cudaGetLastError());
+  {
+    const cudaError_t e = cudaGetLastError();
+    /* queued or not, the peers meet this rank at the gate (a failed launch: their kernels
+     * time out on the device and report it, rather than their threads waiting here) */
+    const mokResult_t g = mok_comm_peer_kernel_queued(c, stream);
+    C_CUDA(e);
+    C_MOK(g);
+  }
 out:
   dev_leave(prev, c->device);
   return st;

@@ -143,18 +143,30 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * for itself. So this loads every mok kernel first (kernels_load.h; nothing to do under
  * CUDA_MODULE_LOADING=EAGER); kernels of the caller's own that a rank launches while
  * another waits must be loaded by the caller (cudaFuncGetAttributes loads one). And the
- * ranks' streams should not share a hardware work queue: CUDA maps streams onto
- * CUDA_DEVICE_MAX_CONNECTIONS queues (default 8, at most 32, read when CUDA starts), two
- * streams on one queue run in issue order, and a kernel queued behind a peer's waiting
- * kernel never starts. Under CUDA_DEVICE_MAX_CONNECTIONS=1 (every stream one queue) this
+ * ranks' kernels that wait for each other must reach the device in rounds: CUDA spreads
+ * streams over CUDA_DEVICE_MAX_CONNECTIONS hardware queues (default 8, at most 32) as it
+ * sees fit, kernels on one queue start in issue order, and when two ranks queue two waiting
+ * kernels each at once, one queue can hold rank A's second ahead of rank B's first, which
+ * A's first waits for: a hang until the device timeout. scripts/probe-hostcalls.cu shows it
+ * without mok (one H100, session 38: 4 threads, a stream each, two kernels each that meet the
+ * other threads' kernel of the same round; launched together after a host barrier 10-22 of
+ * 30 trials timed out under 32 and under 8 queues, 0-3 of 30 without the barrier; with the
+ * rounds, 0 of 240). So every kernel a loopback rank queues that waits for its peers is
+ * followed by mok_comm_peer_kernel_queued, which returns once every rank has queued as many:
+ * no rank queues more work until the round is complete, so a queue holds the rounds in order
+ * and its head can always start. mok_comm_launch_barriers does it itself; a caller's own
+ * kernels that wait for peers call it (tests/test_comm.cu). Not covered: CUDA graph replays
+ * (one launch queues a graph's kernels together). Under CUDA_DEVICE_MAX_CONNECTIONS=1 this
  * refuses nranks > 1 (mokNotSupported): there comm_loopback_ranks_1gpu timed out every time
- * (one H100, session 36, scripts/gpu-s35.sh), where it passed 3 of 3 runs under 8 and 32.
- * mok_tests sets 32 where the variable is unset. With queues to spare the loopback test still
- * times out now and then (H100s, sessions 36-37: 1 of 3 full-suite runs; 24 of 40 runs alone
- * with the ranks meeting at a host barrier and then launching together, 0 of 20 without): a
- * rank's work can wait behind a peer's waiting kernel for a reason not yet pinned down
- * (docs/PERF.md, "Session 37, continued"). */
+ * (one H100, session 36, before the rounds). mok_tests sets 32 where the variable is unset. */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
+/* Loopback ranks: call right after queueing (on stream) a kernel that waits for the other
+ * ranks' kernels; returns once every rank has queued as many such kernels (mokInternalError
+ * naming the cause, and the group unusable, if one does not within 2 + 3 x the timeout's
+ * seconds). Every rank queues the same such kernels. Returns at once for other comms and on a
+ * stream being captured (the graph's launch is what queues it). See
+ * mok_comm_create_loopback. */
+mokResult_t mok_comm_peer_kernel_queued(mokComm_t comm, cudaStream_t stream);
 /* Host collective: every rank's `bytes` bytes (host memory), in rank order, into all
  * (host, nranks * bytes); returns when they are there. */
 mokResult_t mok_comm_host_allgather(mokComm_t comm, const void *mine, size_t bytes, void *all);

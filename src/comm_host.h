@@ -55,19 +55,24 @@ struct loopback {
   pthread_mutex_t mu;
   pthread_cond_t cv;
   int arrived, aborted; // under mu
-  int timed_out;        // aborted because a rank did not arrive within wait_s (under mu)
+  int timed_out;        // aborted because a rank did not arrive within wait_s: 1 at a host
+                        // collective, 2 at the launch gate (under mu)
   int wait_s;           // the most a host barrier waits for the last rank
   unsigned gen;         // barriers completed (under mu)
   void *ptr[MOK_COMM_MAX_RANKS];
   const void *blob[MOK_COMM_MAX_RANKS];
   size_t bytes[MOK_COMM_MAX_RANKS];
   int ok[MOK_COMM_MAX_RANKS];
+  unsigned long long queued[MOK_COMM_MAX_RANKS]; // kernels each rank queued that wait for peers (under mu)
   int refs; // ranks holding it (__atomic_*); the last to release frees it
 };
 int mok_lb_wait(struct loopback *lb);
 void mok_lb_abort(struct loopback *lb);
 void mok_lb_drop(struct loopback *lb);
 int mok_lb_all_ok(struct loopback *lb, int rank, int ok);
+// The launch gate (mok_comm_peer_kernel_queued): rank queued one more kernel that waits for
+// its peers; returns once every rank has queued as many (0: aborted, or wait_s passed).
+int mok_lb_gate(struct loopback *lb, int rank);
 
 // The part of the config every rank must agree on, without padding bytes.
 typedef struct {

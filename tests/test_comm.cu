@@ -12,6 +12,7 @@
  */
 #include "comm.h"
 #include "comm_device.cuh"
+#include "comm_host.h"
 #include "internal.h"
 #include "kernels_load.h"
 #include "test.h"
@@ -47,6 +48,73 @@ MOK_TEST(comm_config_init) {
   CHECK_OK(mokCommConfigInit(&c));
   CHECK(c.size == sizeof c && c.magic == MOK_COMM_CONFIG_MAGIC && c.version == MOK_VERSION_CODE);
   CHECK(c.timeout_ms == 0 && c.workspace_bytes == 0);
+}
+
+/* The loopback launch gate (comm.h, mok_comm_peer_kernel_queued), host only: 4 threads pass
+ * it 200 times each with random pauses; no thread may leave its k-th gate before every
+ * thread has entered its k-th (each thread's count is raised before it enters). Then one
+ * thread stays away: the others' gate fails after wait_s and marks the group aborted for a
+ * kernel not queued in time (timed_out 2), and a later gate fails at once. */
+enum { kGateRanks = 4, kGateRounds = 200 };
+typedef struct {
+  struct loopback *lb;
+  int rank, absent, bad, failed_at;
+  int *entered; /* [kGateRanks], __atomic_* */
+  uint32_t seed;
+} gate_job;
+static void *gate_thread(void *arg) {
+  gate_job *j = (gate_job *)arg;
+  j->failed_at = -1;
+  if (j->absent) return NULL;
+  for (int k = 1; k <= kGateRounds; k++) {
+    j->seed = j->seed * 1664525u + 1013904223u;
+    if ((j->seed >> 28) == 0) {
+      struct timespec ts = {0, (long)(j->seed >> 12) % 200000};
+      nanosleep(&ts, NULL);
+    }
+    __atomic_store_n(&j->entered[j->rank], k, __ATOMIC_RELEASE);
+    if (!mok_lb_gate(j->lb, j->rank)) {
+      j->failed_at = k;
+      return NULL;
+    }
+    for (int q = 0; q < kGateRanks; q++)
+      if (__atomic_load_n(&j->entered[q], __ATOMIC_ACQUIRE) < k) j->bad++;
+  }
+  return NULL;
+}
+static void gate_run(test_ctx *t, int absent, int wait_s, gate_job *jobs, struct loopback *lb) {
+  int entered[kGateRanks] = {0};
+  memset(lb, 0, sizeof *lb);
+  lb->n = kGateRanks, lb->wait_s = wait_s;
+  pthread_mutex_init(&lb->mu, NULL);
+  pthread_cond_init(&lb->cv, NULL);
+  pthread_t th[kGateRanks];
+  for (int r = 0; r < kGateRanks; r++) {
+    jobs[r] = (gate_job){lb, r, r == absent, 0, -1, entered, (uint32_t)test_seed() + 77u * (uint32_t)r};
+    CHECK(pthread_create(&th[r], NULL, gate_thread, &jobs[r]) == 0);
+  }
+  for (int r = 0; r < kGateRanks; r++) pthread_join(th[r], NULL);
+}
+MOK_TEST(comm_loopback_gate_rounds) {
+  struct loopback lb;
+  gate_job jobs[kGateRanks];
+  gate_run(t, -1, 30, jobs, &lb);
+  for (int r = 0; r < kGateRanks; r++) {
+    CHECK_MSG(jobs[r].failed_at < 0, "rank %d: gate %d failed", r, jobs[r].failed_at);
+    CHECK_MSG(jobs[r].bad == 0, "rank %d left a gate %d times before every rank had entered it", r, jobs[r].bad);
+    CHECK(lb.queued[r] == kGateRounds);
+  }
+  CHECK(!lb.aborted && !lb.timed_out);
+  pthread_cond_destroy(&lb.cv), pthread_mutex_destroy(&lb.mu);
+  const double t0 = now_s();
+  gate_run(t, 2, 1, jobs, &lb); /* rank 2 never comes: the others fail their first gate */
+  const double waited = now_s() - t0;
+  for (int r = 0; r < kGateRanks; r++)
+    if (r != 2) CHECK_MSG(jobs[r].failed_at == 1, "rank %d: failed at gate %d, want 1", r, jobs[r].failed_at);
+  CHECK(lb.aborted && lb.timed_out == 2);
+  CHECK_MSG(waited > 0.5 && waited < 10.0, "waited %.2f s (wait_s 1)", waited);
+  CHECK(!mok_lb_gate(&lb, 0)); /* an aborted group: at once */
+  pthread_cond_destroy(&lb.cv), pthread_mutex_destroy(&lb.mu);
 }
 
 MOK_TEST(comm_create_validation) {
@@ -322,11 +390,11 @@ typedef struct {
   uint32_t seed;
 } pattern_arg;
 
-/* Where each rank's thread was, for the loopback ranks' occasional timeouts (docs/PERF.md,
- * session 37: a rank's work sometimes waits behind a peer's waiting kernel, cause not yet
- * known): run_patterns and run_barriers stamp their host steps (ms from steps_reset), and
- * the loopback test prints every rank's steps when such a run fails. A step that took about
- * the timeout (2 s) is the one that waited. */
+/* Where each rank's thread was, for a loopback run that fails: run_patterns and run_barriers
+ * stamp their host steps (ms from steps_reset), and the loopback test prints every rank's
+ * steps and control block (ctrl_print) when such a run fails. A step that took about the
+ * timeout (2 s) is the one that waited. (Session 38 found the timeouts of sessions 36-37 this
+ * way: every rank had launched, one rank's kernel had not started; comm.h, the rounds.) */
 enum { kMaxSteps = 12 };
 typedef struct {
   const char *what[kMaxSteps];
@@ -355,6 +423,26 @@ static void steps_print(int nranks, const char *run) {
   }
 }
 
+/* After a failed loopback run: every rank's control block (its barrier state), so a timeout
+ * shows whose grid did not arrive (grid_count short of the grid) or whose leader did not
+ * publish (epoch behind), beside the host steps above. */
+static void ctrl_print(int nranks, mokComm_t *comms) {
+  cudaDeviceSynchronize();
+  for (int r = 0; r < nranks; r++) {
+    mokCommDev cd;
+    mokCommCtrl h;
+    if (mok_comm_device_view(comms[r], &cd) != mokSuccess ||
+        cudaMemcpy(&h, cd.peer_base[r], sizeof h, cudaMemcpyDeviceToHost) != cudaSuccess) {
+      printf("        rank %d: control block not readable\n", r);
+      continue;
+    }
+    printf("        rank %d: error %016llx grid_count %u grid_gen %u epoch %u arrive", r, h.error, h.grid_count,
+           h.grid_gen, h.epoch);
+    for (int q = 0; q < nranks; q++) printf(" %u", h.arrive[q][0]);
+    printf("\n");
+  }
+}
+
 static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   pattern_arg *a = (pattern_arg *)argp;
   int nranks = 0, sms = 0, dev = 0;
@@ -377,6 +465,7 @@ static mokResult_t run_patterns(mokComm_t comm, int rank, void *argp) {
   for (int rep = 0; rep < 2; rep++) {
     k_ws_patterns<<<blocks, 512, 0, s>>>(cd, words, a->seed + (uint32_t)rep, bad);
     RUN_CUDA(cudaGetLastError());
+    MOK_CHECK(mok_comm_peer_kernel_queued(comm, s)); /* (loopback ranks: rounds, comm.h) */
   }
   step(rank, "sync");
   RUN_CUDA(cudaStreamSynchronize(s));
@@ -838,12 +927,12 @@ MOK_GPU_TEST(comm_loopback_ranks_1gpu, 1) {
     const mokResult_t st1 = mokLocalRun(n, comms, run_patterns, &a);
     char msg1[MOK_ERRMSG_LEN];
     snprintf(msg1, sizeof msg1, "%s", mokGetLastError());
-    if (st1 != mokSuccess) steps_print(n, "patterns failed");
+    if (st1 != mokSuccess) steps_print(n, "patterns failed"), ctrl_print(n, comms);
     steps_reset();
     const mokResult_t st2 = st1 == mokSuccess ? mokLocalRun(n, comms, run_barriers, NULL) : st1;
     char msg2[MOK_ERRMSG_LEN];
     snprintf(msg2, sizeof msg2, "%s", mokGetLastError());
-    if (st1 == mokSuccess && st2 != mokSuccess) steps_print(n, "barriers failed");
+    if (st1 == mokSuccess && st2 != mokSuccess) steps_print(n, "barriers failed"), ctrl_print(n, comms);
     agree_arg *g = (agree_arg *)calloc(1, sizeof *g);
     const mokResult_t st3 = mokLocalRun(n, comms, run_agree, g);
     const mokResult_t st4 = mokLocalRun(n, comms, run_allgather, NULL);
