@@ -217,6 +217,28 @@ static int meet_trial(int bar) {
   return h[1];
 }
 
+/* With the spinner running on a and an empty kernel queued behind it, an empty kernel on
+ * each of ss in turn (made here if make): those not done within 5 ms share a's queue. */
+static void streams_pass(cudaStream_t a, cudaStream_t *ss, int nstreams, int make, const char *what) {
+  spinner_start(a);
+  k_empty<<<1, 32, 0, a>>>();
+  int stuck[64], nstuck = 0;
+  for (int i = 0; i < nstreams; i++) {
+    if (make) CK(cudaStreamCreateWithFlags(&ss[i], cudaStreamNonBlocking));
+    const double t0 = now_ms();
+    k_empty<<<1, 32, 0, ss[i]>>>();
+    /* a bounded wait: poll, so a stream stuck behind the spinner is seen, not waited out */
+    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < 5.0) {
+    }
+    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady && nstuck < 64) stuck[nstuck++] = i + 1;
+  }
+  *hflag = 1;
+  CK(cudaDeviceSynchronize());
+  printf("  %s: %d of %d stuck behind a's queued kernel:", what, nstuck, nstreams);
+  for (int i = 0; i < nstuck; i++) printf(" %d", stuck[i]);
+  printf("\n");
+}
+
 int main(int argc, char **argv) {
   if (argc > 1) g_spin_ms = atoi(argv[1]);
   const int nstreams = argc > 2 ? atoi(argv[2]) : 40;
@@ -251,41 +273,11 @@ int main(int argc, char **argv) {
   /* fresh streams, one after another, each launched on while the spinner runs and an empty
    * kernel waits behind it on stream a: a fresh stream on a's hardware queue has its launch
    * behind that waiting kernel, so it does not finish until the spinner ends */
-  spinner_start(a);
-  k_empty<<<1, 32, 0, a>>>();
-  int stuck[64], nstuck = 0;
   cudaStream_t *ss = (cudaStream_t *)calloc((size_t)nstreams, sizeof *ss);
-  for (int i = 0; i < nstreams; i++) {
-    CK(cudaStreamCreateWithFlags(&ss[i], cudaStreamNonBlocking));
-    const double t0 = now_ms();
-    k_empty<<<1, 32, 0, ss[i]>>>();
-    /* a bounded wait: poll, so a stream stuck behind the spinner is seen, not waited out */
-    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < 5.0) {
-    }
-    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady && nstuck < 64) stuck[nstuck++] = i + 1;
-  }
-  *hflag = 1;
-  CK(cudaDeviceSynchronize());
-  printf("  fresh streams (1 = made right after a): %d of %d stuck behind a's queued kernel:", nstuck, nstreams);
-  for (int i = 0; i < nstuck; i++) printf(" %d", stuck[i]);
-  printf("\n");
+  streams_pass(a, ss, nstreams, 1, "fresh streams (1 = made right after a)");
   /* the same streams again, each used before a's kernels were queued: a stream keeps the queue
    * of its first launch if some of these are stuck now */
-  spinner_start(a);
-  k_empty<<<1, 32, 0, a>>>();
-  nstuck = 0;
-  for (int i = 0; i < nstreams; i++) {
-    const double t0 = now_ms();
-    k_empty<<<1, 32, 0, ss[i]>>>();
-    while (cudaStreamQuery(ss[i]) == cudaErrorNotReady && now_ms() - t0 < 5.0) {
-    }
-    if (cudaStreamQuery(ss[i]) == cudaErrorNotReady && nstuck < 64) stuck[nstuck++] = i + 1;
-  }
-  *hflag = 1;
-  CK(cudaDeviceSynchronize());
-  printf("  the same streams, used before: %d of %d stuck behind a's queued kernel:", nstuck, nstreams);
-  for (int i = 0; i < nstuck; i++) printf(" %d", stuck[i]);
-  printf("\n");
+  streams_pass(a, ss, nstreams, 0, "the same streams, used before");
   for (int i = 0; i < nstreams; i++) cudaStreamDestroy(ss[i]);
   /* the loopback test's pattern without the library: RANKS threads, each makes a stream and
    * queues two kernels that each meet the other ranks' kernel of the same round (a counter in
