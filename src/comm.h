@@ -157,8 +157,11 @@ struct mok_devbuf *mok_comm_scratch(mokComm_t comm);
  * and its head can always start. mok_comm_launch_barriers does it itself; a caller's own
  * kernels that wait for peers call it (tests/test_comm.cu). Not covered: CUDA graph replays
  * (one launch queues a graph's kernels together). Under CUDA_DEVICE_MAX_CONNECTIONS=1 this
- * refuses nranks > 1 (mokNotSupported): there comm_loopback_ranks_1gpu timed out every time
- * (one H100, session 36, before the rounds). mok_tests sets 32 where the variable is unset. */
+ * refuses nranks > 1 (mokNotSupported): there, every stream on one queue, the rounds carry
+ * the eager passes (session 38, the refusal bypassed: every loopback test but the graph one
+ * passed 3 of 3 runs, where comm_loopback_ranks_1gpu had timed out every time in session 36)
+ * but the CUDA-graph loopback test timed out 3 of 3. mok_tests sets 32 where the variable is
+ * unset. */
 mokResult_t mok_comm_create_loopback(int nranks, int device, const mokCommConfig_t *config, mokComm_t *comms);
 /* Loopback ranks: call right after queueing (on stream) a kernel that waits for the other
  * ranks' kernels; returns once every rank has queued as many such kernels (mokInternalError

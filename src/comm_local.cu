@@ -266,8 +266,8 @@ extern "C" mokResult_t mok_comm_create_loopback(int nranks, int device, const mo
     if (q && atoi(q) == 1)
       return mok_error(NULL, mokNotSupported,
                        "%s: %d ranks on one GPU under CUDA_DEVICE_MAX_CONNECTIONS=1: every stream shares one "
-                       "hardware queue, where a kernel queued behind a peer's waiting kernel never starts "
-                       "(loopback ranks time out there); run loopback ranks with 8 or more queues",
+                       "hardware queue, where a CUDA graph replay queues a rank's waiting kernels ahead of a "
+                       "peer's (its passes time out there); run loopback ranks with 8 or more queues",
                        fn, nranks);
   }
   MOK_CHECK(device_exists(fn, device, -1));
