@@ -177,6 +177,8 @@ MOK_TEST(comm_null_handles) {
   size_t b = 5;
   CHECK_STATUS(mokCommWorkspaceSize(NULL, &b), mokInvalidArgument);
   CHECK(b == 5);
+  CHECK_STATUS(mok_comm_peer_kernel_queued(NULL, 0), mokInvalidArgument);
+  CHECK(strstr(mokGetLastError(), "comm is NULL") != NULL);
 }
 
 static mokResult_t noop_fn(mokComm_t comm, int rank, void *arg) { return mokSuccess; }
