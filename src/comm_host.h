@@ -71,7 +71,9 @@ void mok_lb_abort(struct loopback *lb);
 void mok_lb_drop(struct loopback *lb);
 int mok_lb_all_ok(struct loopback *lb, int rank, int ok);
 // The launch gate (mok_comm_peer_kernel_queued): rank queued one more kernel that waits for
-// its peers; returns once every rank has queued as many (0: aborted, or wait_s passed).
+// its peers; returns once every rank has queued as many (0: aborted, or wait_s passed). Its
+// own counters (queued), not mok_lb_wait's: a rank at the gate never pairs with a peer at a
+// host collective.
 int mok_lb_gate(struct loopback *lb, int rank);
 
 // The part of the config every rank must agree on, without padding bytes.
