@@ -121,9 +121,10 @@ int main(int argc, char **argv) {
    * load them all at once. Before the first CUDA call; a caller's own setting wins. */
   setenv("CUDA_MODULE_LOADING", "EAGER", 0);
   setenv("CUDA_MODULE_DATA_LOADING", "EAGER", 0);
-  /* and their streams on hardware work queues of their own where CUDA can: with more live
-   * streams than queues (default 8) two streams may share one and run in issue order, so a
-   * kernel queued behind a peer's waiting kernel never starts (comm.h; CUDA's most is 32) */
+  /* and hardware work queues to spare (CUDA's most is 32): loopback ranks queue their
+   * waiting kernels in rounds, which carries their eager passes on any number of queues, but
+   * a CUDA graph replay queues its kernels at once and needs the ranks on queues apart
+   * (comm.h, mok_comm_create_loopback) */
   setenv("CUDA_DEVICE_MAX_CONNECTIONS", "32", 0);
   const char *env = getenv("MOK_TEST_SEED");
   g_seed = env ? strtoull(env, NULL, 0) : ((uint64_t)time(NULL) * 2654435761u) ^ (uint64_t)clock();
