@@ -486,7 +486,9 @@ mokResult_t mokLayerCreateOnComm(mokLayer_t *layer, const mokConfig_t *config, m
  * device, tensors as in section "per-rank tensors" (input->num_tokens may differ per
  * rank, 0 <= T_r <= max_tokens). Runs on `stream` (stream-ordered; the baseline also
  * waits on the host for the routing counts). The layer keeps what the backward needs:
- * call mokLayerBackward with the same input and weights before the next forward.
+ * call mokLayerBackward with the same input and weights before the next forward. Several
+ * forwards in flight (pipeline schedules): a layer each, made on one comm (they share its
+ * scratch block; each holds its forward's rows), as the Python binding's contexts do.
  * A bad expert id in topk_idx is reported as mokInvalidArgument before anything is
  * written. Streams: a layer's passes use its saved block, so run them in one stream order.
  * mok's launches take their tile counters from per-device rings of slots in launch order,

@@ -9,8 +9,8 @@ libmok.so; mok.MoE, mok.moe, mok.comm_from_process_group and mok.reference_moe n
 See python/README.md.
 """
 
-from .capi import (IMPLS, Comm, Config, Layer, MokError, get_unique_id, library_path, memory_estimate, models,
-                   version)
+from .capi import (IMPLS, Comm, Config, Contexts, Layer, MokError, get_unique_id, library_path, memory_estimate,
+                   models, version)
 
 _TORCH_NAMES = ("MoE", "moe", "comm_from_process_group", "reference_moe")
 
@@ -24,5 +24,5 @@ except ImportError as _e:  # no torch: the C API still works
             raise ImportError("mok.%s needs PyTorch: %s" % (name, _torch_error))
         raise AttributeError("module 'mok' has no attribute %r" % name)
 
-__all__ = ["IMPLS", "Comm", "Config", "Layer", "MokError", "get_unique_id", "library_path", "memory_estimate", "models",
-           "version", *_TORCH_NAMES]
+__all__ = ["IMPLS", "Comm", "Config", "Contexts", "Layer", "MokError", "get_unique_id", "library_path",
+           "memory_estimate", "models", "version", *_TORCH_NAMES]

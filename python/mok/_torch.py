@@ -99,7 +99,8 @@ def _main_grad(p, device):
 
 class _MoEFunction(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, layer, impl, fused, main_grad, x, topk_idx, topk_w, *weights):
+    def forward(ctx, pool, impl, fused, main_grad, keep, x, topk_idx, topk_w, *weights):
+        layer = pool.layers[0]  # (every layer of the pool has the same config)
         c = layer.config
         device = torch.device("cuda", layer.comm.device)
         T = x.shape[0] if x.dim() == 2 else -1
@@ -118,8 +119,15 @@ class _MoEFunction(torch.autograd.Function):
         out = torch.empty((T, c.hidden), dtype=torch.bfloat16, device=device)
         ptrs = tuple(_ptr(t) for t in _split(layer, fused, weights))
         stream = current_stream_handle(device)
-        layer.forward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(out), stream)
-        ctx.layer, ctx.impl, ctx.fused, ctx.generation = layer, impl, fused, layer.generation
+        # the layer that keeps this forward's state for its backward (mok.Contexts)
+        layer, stamp = pool.acquire(keep)
+        try:
+            layer.forward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(out), stream)
+        except BaseException:
+            pool.release(layer, stamp)
+            raise
+        ctx.pool, ctx.layer, ctx.stamp, ctx.generation = pool, layer, stamp, layer.generation
+        ctx.impl, ctx.fused = impl, fused
         ctx.main_grad = weights if main_grad else None  # the parameters themselves, for .main_grad
         ctx.w_dtype = topk_w.dtype
         ctx.save_for_backward(x, idx, w, *weights)
@@ -127,53 +135,74 @@ class _MoEFunction(torch.autograd.Function):
 
     @staticmethod
     def backward(ctx, d_out):
-        layer, impl, fused = ctx.layer, ctx.impl, ctx.fused
+        pool, layer, impl, fused = ctx.pool, ctx.layer, ctx.impl, ctx.fused
         x, idx, w, *weights = ctx.saved_tensors
         c = layer.config
         T, device = x.shape[0], x.device
         stream = current_stream_handle(device)
         ptrs = tuple(_ptr(t) for t in _split(layer, fused, weights))
-        if layer.generation != ctx.generation:
-            # The layer ran another forward since this one (a second micro-batch, activation
-            # checkpointing): run this forward again so that the backward has its state.
+        layer, ctx.stamp, rerun = pool.for_backward(layer, ctx.stamp, ctx.generation)
+        if rerun:
+            # The layer ran another forward since this one: run this forward again (on a layer of
+            # the pool) so that the backward has its state.
             scratch = torch.empty((T, c.hidden), dtype=torch.bfloat16, device=device)
-            layer.forward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(scratch), stream)
-            ctx.generation = layer.generation
-        if d_out is None:
-            d_out = torch.zeros((T, c.hidden), dtype=torch.bfloat16, device=device)
-        d_out = d_out.to(torch.bfloat16).contiguous()
-        gdt = torch.float32 if c.grad_dtype == "fp32" else torch.bfloat16
-        d_x = torch.empty_like(x)
-        d_w = torch.empty((T, c.topk), dtype=torch.float32, device=device)
-        if ctx.main_grad is not None:
-            # fp32 weight gradients summed in place into param.main_grad (made as zeros on first
-            # use): the library adds each tile's sums to it (grads.accumulate), no temporary
-            grads = [_main_grad(p, device) if p is not None else None for p in ctx.main_grad]
-        else:
-            grads = [torch.empty(t.shape, dtype=gdt, device=device) if t is not None else None for t in weights]
-        gptrs = tuple(_ptr(t) for t in _split(layer, fused, grads))
-        layer.backward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(d_out), (_ptr(d_x), _ptr(d_w)) + gptrs,
-                           stream, accumulate=ctx.main_grad is not None)
+            try:
+                layer.forward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(scratch), stream)
+            except BaseException:
+                pool.release(layer, ctx.stamp)
+                raise
+        ctx.layer, ctx.generation = layer, layer.generation
+        try:
+            if d_out is None:
+                d_out = torch.zeros((T, c.hidden), dtype=torch.bfloat16, device=device)
+            d_out = d_out.to(torch.bfloat16).contiguous()
+            gdt = torch.float32 if c.grad_dtype == "fp32" else torch.bfloat16
+            d_x = torch.empty_like(x)
+            d_w = torch.empty((T, c.topk), dtype=torch.float32, device=device)
+            if ctx.main_grad is not None:
+                # fp32 weight gradients summed in place into param.main_grad (made as zeros on first
+                # use): the library adds each tile's sums to it (grads.accumulate), no temporary
+                grads = [_main_grad(p, device) if p is not None else None for p in ctx.main_grad]
+            else:
+                grads = [torch.empty(t.shape, dtype=gdt, device=device) if t is not None else None for t in weights]
+            gptrs = tuple(_ptr(t) for t in _split(layer, fused, grads))
+            layer.backward_raw(impl, T, _ptr(x), _ptr(idx), _ptr(w), ptrs, _ptr(d_out),
+                               (_ptr(d_x), _ptr(d_w)) + gptrs, stream, accumulate=ctx.main_grad is not None)
+        finally:
+            pool.release(layer, ctx.stamp)  # the layer is free for the next forward
+            ctx.stamp = 0
         if ctx.main_grad is not None:
             grads = [None] * len(grads)
-        return (None, None, None, None, d_x, None, d_w.to(ctx.w_dtype)) + tuple(grads)
+        return (None, None, None, None, None, d_x, None, d_w.to(ctx.w_dtype)) + tuple(grads)
 
 
 @torch.compiler.disable  # an opaque call for torch.compile: the graph breaks around it
 def moe(layer, x, topk_idx, topk_w, *weights, impl="auto", main_grad=False):
     """out [T, H] = the MoE layer on this rank's tokens, differentiable in x, topk_w and every
-    weight. weights: (w_gate, w_up, w_down, s_gate, s_up, s_down), or the fused form
-    (w_gate_up [2, E_l, I, H], w_down, s_gate_up [2, I_s, H], s_down) that mok.MoE keeps
-    (impl "mega" needs W_up right after W_gate in memory, which the fused form is). The shared
-    weights are None when the layer has none. Weight gradients come in the config's grad_dtype
-    (autograd casts them to the weights' dtype); with main_grad=True they are instead summed
-    into each weight's ``main_grad`` attribute (made on first use, in grad_dtype: fp32
-    accumulation across micro-batches, as Megatron-LM keeps it) and autograd gets none.
-    Collective."""
+    weight. layer: a mok.Layer (one forward's state kept at a time: a backward whose forward is
+    not the layer's last runs its forward again) or a mok.Contexts of layers (one forward's
+    state each: forwards in flight up to its size keep theirs). weights: (w_gate, w_up,
+    w_down, s_gate, s_up, s_down), or the fused form (w_gate_up [2, E_l, I, H], w_down,
+    s_gate_up [2, I_s, H], s_down) that mok.MoE keeps (impl "mega" needs W_up right after
+    W_gate in memory, which the fused form is). The shared weights are None when the layer
+    has none. Weight gradients come in the config's grad_dtype (autograd casts them to the
+    weights' dtype); with main_grad=True they are instead summed into each weight's
+    ``main_grad`` attribute (made on first use, in grad_dtype: fp32 accumulation across
+    micro-batches, as Megatron-LM keeps it) and autograd gets none. Collective."""
     if len(weights) not in (4, 6):
         raise ValueError("mok.moe: pass 6 weights (w_gate, w_up, w_down, s_gate, s_up, s_down) or 4 "
                          "(w_gate_up, w_down, s_gate_up, s_down), got %d" % len(weights))
-    return _MoEFunction.apply(layer, impl, len(weights) == 4, main_grad, x, topk_idx, topk_w, *weights)
+    if isinstance(layer, capi.Contexts):
+        pool = layer
+    elif isinstance(layer, capi.Layer):
+        pool = getattr(layer, "_contexts", None)
+        if pool is None:
+            pool = layer._contexts = capi.Contexts([layer])
+    else:
+        raise TypeError("mok.moe: layer must be a mok.Layer or a mok.Contexts, got %s" % type(layer).__name__)
+    # a backward will come: the forward's layer is held for it (mok.Contexts)
+    keep = torch.is_grad_enabled() and any(t is not None and t.requires_grad for t in (x, topk_w) + weights)
+    return _MoEFunction.apply(pool, impl, len(weights) == 4, main_grad, keep, x, topk_idx, topk_w, *weights)
 
 
 class MoE(torch.nn.Module):
@@ -190,10 +219,14 @@ class MoE(torch.nn.Module):
     initialised, else this GPU alone (a model of many layers should pass one comm to all). impl: "auto", "mega", "nccl" or "baseline". grad_dtype: "bf16"
     (default: the weights' gradients in .grad, as autograd keeps them) or "fp32": summed in
     fp32 into each parameter's ``main_grad`` (made on the first backward; set it to None or
-    zero it between steps; .grad stays None), the way Megatron-LM accumulates gradients."""
+    zero it between steps; .grad stays None), the way Megatron-LM accumulates gradients.
+    contexts: how many forwards keep their state for a backward at once (default 1): a
+    pipeline schedule with several micro-batches in flight (1F1B: up to the pipeline's depth)
+    sets it to that many, so that no backward runs its forward again; each context holds its
+    forward's rows (mok.Contexts; the comm's scratch is shared)."""
 
     def __init__(self, model=None, *, max_tokens, comm=None, device=None, impl="auto", init_std=None,
-                 grad_dtype="bf16", **fields):
+                 grad_dtype="bf16", contexts=1, **fields):
         super().__init__()
         if device is None:
             device = torch.device("cuda", comm.device if comm is not None else torch.cuda.current_device())
@@ -204,8 +237,19 @@ class MoE(torch.nn.Module):
             raise ValueError("mok.MoE: device %s but the comm is on cuda:%d" % (device, comm.device))
         if grad_dtype not in ("bf16", "fp32"):
             raise ValueError("mok.MoE: grad_dtype %r: bf16 (into .grad) or fp32 (into .main_grad)" % (grad_dtype,))
+        if isinstance(contexts, bool) or not isinstance(contexts, int) or not 1 <= contexts <= 64:
+            raise ValueError("mok.MoE: contexts %r: the forwards in flight, an int from 1 to 64" % (contexts,))
         cfg = capi.Config(model, max_tokens=max_tokens, grad_dtype=grad_dtype, **fields)
-        self.layer = capi.Layer(cfg, comm)
+        layers = []
+        try:
+            for _ in range(contexts):  # (collective, each: every rank makes as many)
+                layers.append(capi.Layer(cfg, comm))
+        except BaseException:
+            for l in layers:
+                l.close()
+            raise
+        self.contexts = capi.Contexts(layers)
+        self.layer = layers[0]
         self.comm, self.impl = comm, impl
         c = self.layer.config
         El, H, I, Is = self.layer.local_experts, c.hidden, c.inter, c.shared_inter
@@ -227,18 +271,28 @@ class MoE(torch.nn.Module):
         return self.layer.config
 
     def memory_info(self):
-        """(layer_bytes, comm_scratch_bytes) of device memory held now (mok.Layer.memory_info)."""
-        return self.layer.memory_info()
+        """(layer_bytes, comm_scratch_bytes) of device memory held now (mok.Layer.memory_info;
+        layer_bytes summed over the contexts)."""
+        info = [l.memory_info() for l in self.contexts.layers]
+        return sum(own for own, _ in info), info[0][1]
 
     def reserve(self, num_tokens):
         """Grow the device memory now for passes of up to num_tokens tokens under any routing
-        (mok.Layer.reserve: before capturing a CUDA graph), on the current stream."""
-        self.layer.reserve(num_tokens, current_stream_handle(torch.device("cuda", self.comm.device)))
+        (mok.Layer.reserve, every context: before capturing a CUDA graph), on the current stream."""
+        for l in self.contexts.layers:
+            l.reserve(num_tokens, current_stream_handle(torch.device("cuda", self.comm.device)))
 
     def set_recv_capacity(self, routes):
         """Collective. impl "mega" at N > 1: the most routes this rank receives in a forward, so that
-        no pass waits on the host (mok.Layer.set_recv_capacity); 0 = read on the host each forward."""
-        self.layer.set_recv_capacity(routes)
+        no pass waits on the host (mok.Layer.set_recv_capacity, every context); 0 = read on the host
+        each forward."""
+        for l in self.contexts.layers:
+            l.set_recv_capacity(routes)
+
+    def close(self):
+        """Collective. Frees the device memory of the module's layers (mok.Layer.close), not its comm."""
+        for l in self.contexts.layers:
+            l.close()
 
     def reset_parameters(self):
         c = self.layer.config
@@ -251,15 +305,15 @@ class MoE(torch.nn.Module):
     def forward(self, x, topk_idx, topk_w):
         H, k = self._hidden, self._topk
         lead = x.shape[:-1]
-        out = moe(self.layer, x.reshape(-1, H), topk_idx.reshape(-1, k), topk_w.reshape(-1, k), self.w_gate_up,
+        out = moe(self.contexts, x.reshape(-1, H), topk_idx.reshape(-1, k), topk_w.reshape(-1, k), self.w_gate_up,
                   self.w_down, self.s_gate_up, self.s_down, impl=self.impl, main_grad=self._main_grad)
         return out.reshape(*lead, H)
 
     def extra_repr(self):
         c = self.layer.config
-        return "E=%d (local %d), H=%d, I=%d, k=%d, I_s=%d, ranks=%d, max_tokens=%d, impl=%s" % (
+        return "E=%d (local %d), H=%d, I=%d, k=%d, I_s=%d, ranks=%d, max_tokens=%d, impl=%s, contexts=%d" % (
             c.num_experts, self.layer.local_experts, c.hidden, c.inter, c.topk, c.shared_inter, c.num_ranks,
-            c.max_tokens, self.impl)
+            c.max_tokens, self.impl, len(self.contexts))
 
 
 def reference_moe(x, topk_idx, topk_w, w_gate, w_up, w_down, s_gate=None, s_up=None, s_down=None, swiglu_limit=0.0,

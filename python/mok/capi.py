@@ -9,7 +9,8 @@ import ctypes
 import ctypes.util
 import os
 
-__all__ = ["MokError", "Config", "Comm", "Layer", "IMPLS", "models", "version", "get_unique_id", "library_path"]
+__all__ = ["MokError", "Config", "Comm", "Layer", "Contexts", "IMPLS", "models", "version", "get_unique_id",
+           "library_path"]
 
 # mokImpl_t
 IMPLS = {"auto": 0, "baseline": 1, "nccl": 2, "mega": 3}
@@ -418,3 +419,61 @@ class Layer:
             self.close()
         except Exception:
             pass
+
+
+class Contexts:
+    """Layers of one config on one comm, each holding the saved state of one forward, so that
+    several forwards can wait for their backwards (pipeline schedules such as 1F1B keep up to
+    their depth of micro-batches in flight): a forward takes a layer, its backward gives it back.
+
+    Which layer a forward takes depends only on the order of the calls, never on timing or on
+    garbage collection, so every rank of a comm takes the same one (the passes are collective,
+    and so is a forward run again). A forward whose backward will come (`keep`) takes the first
+    free layer and holds it; when every layer is held it takes the one held longest, whose
+    holder then finds its state gone and runs its forward again (as with a single layer). A
+    forward without a backward (no gradient wanted) uses the first free layer without holding
+    it, or the one held longest. A forward whose backward never runs holds its layer until a
+    forward takes it as the one held longest.
+    """
+
+    def __init__(self, layers):
+        self.layers = list(layers)
+        if not self.layers:
+            raise ValueError("mok.Contexts: no layers")
+        self._stamp = [0] * len(self.layers)  # 0: free, else the order in which it was taken
+        self._next = 1
+
+    def __len__(self):
+        return len(self.layers)
+
+    def acquire(self, keep=True):
+        """(layer, stamp) for a forward; stamp 0 where it holds nothing (keep false)."""
+        free = [i for i, s in enumerate(self._stamp) if s == 0]
+        i = free[0] if free else min(range(len(self.layers)), key=lambda j: self._stamp[j])
+        if not keep:
+            return self.layers[i], 0
+        self._stamp[i], self._next = self._next, self._next + 1
+        return self.layers[i], self._stamp[i]
+
+    def release(self, layer, stamp):
+        """After the backward of the forward that took (layer, stamp): the layer is free again,
+        unless a later forward took it since."""
+        for i, l in enumerate(self.layers):
+            if l is layer and stamp and self._stamp[i] == stamp:
+                self._stamp[i] = 0
+
+    def for_backward(self, layer, stamp, generation):
+        """(layer, stamp, rerun) for the backward of the forward that took (layer, stamp) when
+        the layer's generation was `generation`. rerun: the layer ran another forward since
+        (more forwards in flight than layers, activation checkpointing, a second backward after
+        one that consumed the state): the caller runs the forward again on the returned layer
+        first. Give it back with release(layer, stamp) after the backward."""
+        if layer.generation == generation:
+            return layer, stamp, False
+        self.release(layer, stamp)  # (still held where a forward without a backward ran on it)
+        layer, stamp = self.acquire(True)
+        return layer, stamp, True
+
+    def held(self):
+        """How many layers hold a forward's state for a backward to come."""
+        return sum(1 for s in self._stamp if s)

@@ -147,6 +147,83 @@ def comm_without_gpu_is_refused():
     assert e.name == "mokNotSupported", e
 
 
+class _FakeLayer:
+    """What mok.Contexts reads of a layer: its generation, bumped by each forward run on it."""
+
+    def __init__(self, i):
+        self.i, self.generation = i, 0
+
+
+def _run_schedule(n, steps):
+    """Runs steps ("F", mb, keep) / ("B", mb) on a mok.Contexts of n fake layers as the autograd
+    function does; returns (the layer index of each step, forwards run again)."""
+    pool = mok.Contexts([_FakeLayer(i) for i in range(n)])
+    ctx, trace, reruns = {}, [], 0
+    for st in steps:
+        if st[0] == "F":
+            layer, stamp = pool.acquire(st[2])
+            layer.generation += 1
+            ctx[st[1]] = (layer, stamp, layer.generation)
+        else:
+            layer, stamp, rerun = pool.for_backward(*ctx.pop(st[1]))
+            if rerun:
+                layer.generation += 1
+                reruns += 1
+            pool.release(layer, stamp)
+        trace.append(layer.i)
+    if not ctx:  # every forward's backward ran: nothing held
+        assert pool.held() == 0, pool.held()
+    return trace, reruns
+
+
+@test
+def contexts_keep_forwards_in_flight():
+    """mok.Contexts (no GPU): a 1F1B schedule of depth d on d layers runs no forward again; on
+    fewer layers the backwards whose state was taken run theirs again (one layer: as the layer
+    alone did); a forward without a backward takes a free layer without holding it; the choice
+    depends on the call order alone (the same schedule, the same layers: every rank agrees)."""
+    def one_f_one_b(depth, mbs):
+        steps, f, b = [], 0, 0
+        while b < mbs:
+            if f < mbs and f - b < depth:
+                steps.append(("F", f, True))
+                f += 1
+            else:
+                steps.append(("B", b))
+                b += 1
+        return steps
+
+    for depth in (1, 2, 3, 4):
+        steps = one_f_one_b(depth, 9)
+        trace, reruns = _run_schedule(depth, steps)
+        assert reruns == 0, (depth, trace)
+        assert _run_schedule(depth, steps) == (trace, reruns), "not deterministic"
+        if depth > 1:
+            _, fewer = _run_schedule(depth - 1, steps)
+            assert fewer > 0, depth
+    # one layer, two forwards then both backwards in reverse: the first backward runs as is,
+    # the second runs its forward again (the single layer's behaviour)
+    assert _run_schedule(1, [("F", 0, True), ("F", 1, True), ("B", 1), ("B", 0)]) == ([0, 0, 0, 0], 1)
+    assert _run_schedule(2, [("F", 0, True), ("F", 1, True), ("B", 1), ("B", 0)]) == ([0, 1, 1, 0], 0)
+    # a forward without a backward (no grad) uses a free layer and leaves it free; with every
+    # layer held it takes the one held longest, whose backward then runs its forward again
+    assert _run_schedule(2, [("F", 0, True), ("F", 9, False), ("F", 1, True), ("B", 0), ("B", 1)]) == (
+        [0, 1, 1, 0, 1], 0)
+    assert _run_schedule(2, [("F", 0, True), ("F", 1, True), ("F", 9, False), ("B", 1), ("B", 0)]) == (
+        [0, 1, 0, 1, 0], 1)
+    pool = mok.Contexts([_FakeLayer(0), _FakeLayer(1)])
+    a, sa = pool.acquire(True)
+    b, sb = pool.acquire(True)
+    c, sc = pool.acquire(True)  # every layer held: the one held longest, a
+    assert (a.i, b.i, c.i) == (0, 1, 0) and pool.held() == 2
+    pool.release(a, sa)  # a stale release (a was taken again since) frees nothing
+    assert pool.held() == 2
+    pool.release(c, sc)
+    pool.release(b, sb)
+    assert pool.held() == 0
+    raises(ValueError, lambda: mok.Contexts([]), "no layers")
+
+
 def torch_only():
     try:
         import torch
@@ -518,6 +595,53 @@ def backward_after_another_forward():
             assert torch.equal(g, want), "%s: second micro-batch's weight gradient differs" % impl
         m.layer.close()
         m.comm.close()
+
+
+@test
+def forwards_in_flight_keep_their_contexts():
+    """mok.MoE(contexts=2) under a 1F1B schedule of depth 2 (F a, F b, B a, F c, B b, B c): no
+    forward runs again (three forwards in all) and every gradient equals, bitwise, that of each
+    micro-batch alone; with one context every backward of that schedule finds the layer holding
+    another forward's state and runs its own again (six forwards), with the same results."""
+    torch = torch_gpu()
+    for impl in ("auto", "mega") if mega_ok(torch) else ("auto",):
+        alone = None
+        for n in (2, 1):
+            m, gen = small_layer(torch, impl, seed=23, contexts=n)
+            assert len(m.contexts) == n and ("contexts=%d" % n) in m.extra_repr()
+            raises(ValueError, lambda: mok.MoE(max_tokens=16, comm=m.comm, contexts=0, **SMALL), "contexts")
+            mbs = [inputs(torch, m, T, gen) for T in (120, 90, 101)]
+            if alone is None:
+                alone = [grads_of(torch, m, *mb) for mb in mbs]
+            runs = [0]
+            for l in m.contexts.layers:
+                def counted(*a, _f=l.forward_raw, **k):
+                    runs[0] += 1
+                    return _f(*a, **k)
+                l.forward_raw = counted
+            held, outs, got = {}, {}, {}
+
+            def fwd(i):
+                x, idx, w, _ = mbs[i]
+                xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+                held[i] = (xr, wr)
+                outs[i] = m(xr, idx, wr)
+
+            def bwd(i):
+                for p in m.parameters():
+                    p.grad = None
+                outs[i].backward(mbs[i][3])
+                got[i] = [held[i][0].grad, held[i][1].grad] + [p.grad.clone() for p in m.parameters()]
+
+            fwd(0), fwd(1), bwd(0), fwd(2), bwd(1), bwd(2)
+            assert runs[0] == (3 if n == 2 else 6), "%s, %d contexts: %d forwards run" % (impl, n, runs[0])
+            assert m.contexts.held() == 0
+            for i in range(3):
+                assert torch.equal(outs[i], alone[i][0]), "%s, %d contexts: micro-batch %d's output" % (impl, n, i)
+                for j, (g, want) in enumerate(zip(got[i], alone[i][1])):
+                    assert torch.equal(g, want), "%s, %d contexts: micro-batch %d, gradient %d" % (impl, n, i, j)
+            m.close()
+            m.comm.close()
 
 
 @test
