@@ -645,6 +645,31 @@ def forwards_in_flight_keep_their_contexts():
 
 
 @test
+def bench_pipeline_smoke():
+    """python/bench_pipeline.py on a small layer (1F1B, depth 2, 4 micro-batches): with
+    contexts=2 mok runs each micro-batch's forward once, with one context every backward runs
+    its forward again (8 forwards); the JSON has a row per impl and contexts, and torch's."""
+    torch = torch_gpu()
+    import json
+    import subprocess
+    impls = "mega,auto" if mega_ok(torch) else "auto"
+    fields = ",".join("%s=%d" % kv for kv in SMALL.items())
+    with tempfile.TemporaryDirectory() as tmp:
+        out = os.path.join(tmp, "p.json")
+        r = subprocess.run([sys.executable, os.path.join(HERE, "..", "bench_pipeline.py"), "--models", "",
+                            "--fields", fields, "--tokens", "96", "--depth", "2", "--micro-batches", "4",
+                            "--iters", "1", "--impls", impls, "--json", out], capture_output=True, text=True,
+                           timeout=300)
+        assert r.returncode == 0, r.stdout[-2000:] + r.stderr[-2000:]
+        rows = json.load(open(out))["rows"]
+    for impl in impls.split(","):
+        got = {q["contexts"]: q["forwards"] for q in rows if q["impl"] == impl}
+        assert got == {1: 8, 2: 4}, (impl, got)
+    assert all(q["ms_per_micro_batch"] > 0 and q["peak_bytes"] > 0 for q in rows), rows
+    assert "ms a micro-batch" in r.stdout, r.stdout[-2000:]
+
+
+@test
 def input_dtypes_and_shapes():
     """int32 / int64 topk_idx, float32 / bf16 topk_w, leading dimensions: the same results;
     topk_w's gradient comes back in its own dtype."""
