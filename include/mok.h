@@ -550,6 +550,19 @@ mokResult_t mokLayerSetRecvCapacity(mokLayer_t layer, int64_t routes);
  * a host wait of its own (call it between steps, not inside a CUDA graph capture). */
 mokResult_t mokLayerGetAsyncError(mokLayer_t layer, mokResult_t *status);
 
+/* mokLayerTrim's blocks (or'ed). */
+#define MOK_TRIM_SAVED 1u   /* the layer's saved block: the rows its backward reads */
+#define MOK_TRIM_SCRATCH 2u /* its communicator's scratch block, shared by the comm's layers */
+/* Not collective. Frees the blocks `what` names (MOK_TRIM_*) in stream order on `stream`,
+ * after their last passes, for the memory to serve other work between passes (e.g. an
+ * optimizer step): with the device pool's default release threshold it returns to the
+ * driver at the stream's next synchronisation. MOK_TRIM_SAVED drops the last forward's
+ * context (its backward then needs the forward again: mokInvalidUsage); the scratch holds
+ * nothing between passes. The next pass allocates the blocks again. A block a captured CUDA
+ * graph uses is kept (freed with its owner). Refused while `stream` captures a graph
+ * (mokInvalidUsage); other bits in `what` are mokInvalidArgument. */
+mokResult_t mokLayerTrim(mokLayer_t layer, unsigned what, cudaStream_t stream);
+
 /* Device memory held now. [OUT] layer_bytes: the layer's own (its block, blocks kept for
  * captured CUDA graphs included, and its index arrays); [OUT] comm_scratch_bytes: the
  * scratch block its communicator's layers share. Either may be NULL. */

@@ -459,6 +459,36 @@ extern "C" mokResult_t mokLayerReserve(mokLayer_t l, int num_tokens, cudaStream_
   return rc;
 }
 
+extern "C" mokResult_t mokLayerTrim(mokLayer_t l, unsigned what, cudaStream_t st) {
+  static const char fn[] = "mokLayerTrim";
+  mok_clear_error();
+  if (!l) return mok_error(NULL, mokInvalidArgument, "%s: layer is NULL", fn);
+  if (!l->gpu) return mok_error(l, mokInvalidUsage, "%s: the layer was made by mokLayerCreate (host only)", fn);
+  if (what & ~(MOK_TRIM_SAVED | MOK_TRIM_SCRATCH))
+    return mok_error(l, mokInvalidArgument, "%s: what = 0x%x: MOK_TRIM_SAVED (1) and MOK_TRIM_SCRATCH (2) or'ed", fn,
+                     what);
+  enum cudaStreamCaptureStatus cs = cudaStreamCaptureStatusNone;
+  cudaError_t qe = cudaStreamIsCapturing(st, &cs);
+  if (qe != cudaSuccess) {
+    cudaGetLastError();
+    return mok_error(l, mokInvalidArgument, "%s: cannot ask the stream whether it captures a CUDA graph: %s", fn,
+                     cudaGetErrorString(qe));
+  }
+  if (cs != cudaStreamCaptureStatusNone)
+    return mok_error(l, mokInvalidUsage, "%s: the stream is capturing a CUDA graph: free the blocks outside a capture",
+                     fn);
+  struct mok_gpu_layer *g = l->gpu;
+  int prev = -1;
+  cudaGetDevice(&prev);
+  cudaSetDevice(g->device);
+  if ((what & MOK_TRIM_SAVED) && mok_devbuf_trim(&g->saved, st)) g->fwd_valid = 0; /* (its context is gone) */
+  if (what & MOK_TRIM_SCRATCH) mok_devbuf_trim(mok_comm_scratch(l->comm), st);
+  cudaError_t e = cudaGetLastError();
+  if (prev >= 0) cudaSetDevice(prev);
+  if (e != cudaSuccess) return mok_error(l, mokCudaError, "%s: freeing the blocks failed: %s", fn, cudaGetErrorString(e));
+  return mokSuccess;
+}
+
 extern "C" mokResult_t mokLayerMemoryInfo(mokLayer_t l, size_t *layer_bytes, size_t *comm_scratch_bytes) {
   static const char fn[] = "mokLayerMemoryInfo";
   mok_clear_error();

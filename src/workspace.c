@@ -98,6 +98,18 @@ void mok_devbuf_done(mok_devbuf *b, cudaStream_t st) {
   else cudaGetLastError();
 }
 
+size_t mok_devbuf_trim(mok_devbuf *b, cudaStream_t st) {
+  if (!b->ptr || b->captured) return 0;
+  if (b->ev_live && b->last != st && cudaStreamWaitEvent(st, b->ev, 0) != cudaSuccess) {
+    cudaGetLastError();
+    cudaStreamSynchronize(b->last); /* (ordered the slow way) */
+  }
+  const size_t had = b->bytes;
+  block_free(b->ptr, st, pools_supported());
+  b->ptr = NULL, b->bytes = 0;
+  return had;
+}
+
 size_t mok_devbuf_held(const mok_devbuf *b) { return b->bytes + b->retired_bytes; }
 
 void mok_devbuf_free(mok_devbuf *b) {

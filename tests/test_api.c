@@ -208,6 +208,9 @@ MOK_TEST(api_gpu_entry_points_validate_on_host) {
   CHECK_STATUS(mokLayerMemoryInfo(NULL, &own, &scratch), mokInvalidArgument);
   CHECK_STATUS(mokLayerMemoryInfo(host, &own, &scratch), mokInvalidUsage);
   CHECK(own == 7 && scratch == 7 && strstr(mokGetLastError(), "mokLayerMemoryInfo") != NULL);
+  CHECK_STATUS(mokLayerTrim(NULL, MOK_TRIM_SAVED, NULL), mokInvalidArgument);
+  CHECK_STATUS(mokLayerTrim(host, MOK_TRIM_SAVED | MOK_TRIM_SCRATCH, NULL), mokInvalidUsage);
+  CHECK(strstr(mokGetLastError(), "mokLayerTrim") != NULL);
   CHECK_STATUS(mokLayerSetRecvCapacity(NULL, 16), mokInvalidArgument);
   CHECK_STATUS(mokLayerSetRecvCapacity(host, 16), mokInvalidUsage);
   mokResult_t async = mokInternalError;

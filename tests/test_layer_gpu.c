@@ -845,12 +845,16 @@ MOK_GPU_TEST(layer_refuses_misaligned_tokens_1gpu, 1) {
  * Every output against the reference. Memory (max_tokens 8192, passes of 64-96 tokens):
  * a created layer holds only its index arrays, and after the passes its block is well under
  * the worst case the config allows (~60 MB); mokLayerReserve(8192) grows it past that and
- * drops the last forward's context (a backward is then refused). */
+ * drops the last forward's context (a backward is then refused). mokLayerTrim between B's
+ * forward and backward frees B's block and the comm's scratch (B then holds only its index
+ * arrays, the scratch nothing) and drops the context (B's backward refused); B's passes run
+ * again after it (the blocks grow back; B's results are the ones checked). */
 typedef struct {
   gpu_case *a, *b;
   size_t own_created[MAXR], scratch_created[MAXR], own_few[MAXR], own[MAXR], scratch[MAXR], own_reserved[MAXR];
   size_t own_b[MAXR]; /* layer B after its one forward and backward */
-  mokResult_t after_reserve[MAXR];
+  size_t own_b_trim[MAXR], scratch_trim[MAXR]; /* after mokLayerTrim(B, comm scratch too) */
+  mokResult_t after_reserve[MAXR], after_trim[MAXR], bad_bits[MAXR];
 } pair_case;
 
 static mokResult_t rank_pair(mokComm_t comm, int s, void *arg) {
@@ -875,6 +879,20 @@ static mokResult_t rank_pair(mokComm_t comm, int s, void *arg) {
   cudaStreamSynchronize(st2);
   if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own[s], &p->scratch[s]);
   if (rc == mokSuccess) rc = mokLayerMemoryInfo(p->b->layer[s], &p->own_b[s], NULL);
+  /* mokLayerTrim between B's forward and its backward, then B's passes again */
+  if (rc == mokSuccess) rc = rank_forward(p->b, s, st2);
+  if (rc == mokSuccess) p->bad_bits[s] = mokLayerTrim(p->b->layer[s], 4u, st2); /* (refused: nothing freed) */
+  if (rc == mokSuccess) rc = mokLayerTrim(p->b->layer[s], MOK_TRIM_SAVED | MOK_TRIM_SCRATCH, st2);
+  if (rc == mokSuccess) rc = mokLayerMemoryInfo(p->b->layer[s], &p->own_b_trim[s], &p->scratch_trim[s]);
+  if (rc == mokSuccess) {
+    mokRankGrads_t g = p->b->dg[s];
+    g.d_x = NULL; /* (were it run, it would fault: it must be refused first) */
+    p->after_trim[s] = mokLayerBackward(p->b->layer[s], p->b->impl, &p->b->din[s], &p->b->dw[s], p->b->dout_d[s], &g,
+                                        st2);
+  }
+  if (rc == mokSuccess) rc = rank_forward(p->b, s, st2);
+  if (rc == mokSuccess) rc = rank_backward(p->b, s, st2);
+  cudaStreamSynchronize(st2);
   if (rc == mokSuccess) rc = mokLayerReserve(la, 8192, st);
   if (rc == mokSuccess) rc = mokLayerMemoryInfo(la, &p->own_reserved[s], NULL);
   if (rc == mokSuccess) {
@@ -923,6 +941,13 @@ static void memory_follows_rows(test_ctx *t, int N) {
                 "impl %d: layer B holds %zu bytes, estimated %zu (worst %zu)", (int)impls[ii], p.own_b[s], est, est_w);
       CHECK_MSG(p.after_reserve[s] == mokInvalidUsage, "impl %d: a backward after mokLayerReserve grew the block: %d",
                 (int)impls[ii], (int)p.after_reserve[s]);
+      CHECK_MSG(p.own_b_trim[s] < ((size_t)1 << 20) && p.own_b_trim[s] < p.own_b[s] && p.scratch_trim[s] == 0,
+                "impl %d: after mokLayerTrim layer B holds %zu bytes (%zu before), the scratch %zu", (int)impls[ii],
+                p.own_b_trim[s], p.own_b[s], p.scratch_trim[s]);
+      CHECK_MSG(p.after_trim[s] == mokInvalidUsage, "impl %d: a backward after mokLayerTrim: %d", (int)impls[ii],
+                (int)p.after_trim[s]);
+      CHECK_MSG(p.bad_bits[s] == mokInvalidArgument, "impl %d: mokLayerTrim(what = 4): %d", (int)impls[ii],
+                (int)p.bad_bits[s]);
     }
     if (!t->failed) check_case(t, comms, p.a, "layer A");
     else mokLocalRun(N, comms, rank_free, p.a);
