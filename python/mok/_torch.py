@@ -282,6 +282,17 @@ class MoE(torch.nn.Module):
         for l in self.contexts.layers:
             l.reserve(num_tokens, current_stream_handle(torch.device("cuda", self.comm.device)))
 
+    def trim(self):
+        """Frees the device memory the module's passes hold between them: the saved rows of its
+        contexts that no backward waits for, and the comm's scratch (mok.Layer.trim, on the
+        current stream; the next pass allocates again). For the memory to serve other work
+        between steps, e.g. an optimizer step; with the device pool's default release threshold
+        it returns to the driver at the stream's next synchronisation."""
+        stream = current_stream_handle(torch.device("cuda", self.comm.device))
+        for l in self.contexts.free():
+            l.trim(saved=True, scratch=False, stream=stream)
+        self.layer.trim(saved=False, scratch=True, stream=stream)
+
     def set_recv_capacity(self, routes):
         """Collective. impl "mega" at N > 1: the most routes this rank receives in a forward, so that
         no pass waits on the host (mok.Layer.set_recv_capacity, every context); 0 = read on the host

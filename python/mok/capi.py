@@ -115,6 +115,7 @@ def _declare(lib):
         "mokLayerSetRecvCapacity": ([V, ctypes.c_int64], I),
         "mokLayerGetAsyncError": ([V, P(I)], I),
         "mokLayerMemoryInfo": ([V, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
+        "mokLayerTrim": ([V, ctypes.c_uint, V], I),
         "mokLayerMemoryEstimate": ([P(_Config), I, I, I, P(ctypes.c_size_t), P(ctypes.c_size_t)], I),
         "mokCommConfigInit": ([P(_CommConfig)], I),
         "mokGetUniqueId": ([P(_UniqueId)], I),
@@ -386,6 +387,14 @@ class Layer:
         self._err(_load().mokLayerMemoryInfo(self.handle, ctypes.byref(own), ctypes.byref(scratch)))
         return own.value, scratch.value
 
+    def trim(self, saved=True, scratch=True, stream=None):
+        """Frees the layer's saved rows (saved: its last forward's context is dropped, a backward
+        then runs the forward again) and its comm's scratch (scratch), in stream order after
+        their last passes (mokLayerTrim); the next pass allocates them again."""
+        self._err(_load().mokLayerTrim(self.handle, (1 if saved else 0) | (2 if scratch else 0), stream))
+        if saved:
+            self.generation += 1
+
     def reserve(self, num_tokens, stream=None):
         """Grows the layer's and its comm's blocks now to what a pass of num_tokens tokens needs under
         the worst routing (mokLayerReserve): later passes of that size allocate nothing (CUDA graph
@@ -473,6 +482,10 @@ class Contexts:
         self.release(layer, stamp)  # (still held where a forward without a backward ran on it)
         layer, stamp = self.acquire(True)
         return layer, stamp, True
+
+    def free(self):
+        """The layers that hold no forward's state for a backward to come."""
+        return [l for l, s in zip(self.layers, self._stamp) if not s]
 
     def held(self):
         """How many layers hold a forward's state for a backward to come."""

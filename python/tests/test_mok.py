@@ -645,6 +645,41 @@ def forwards_in_flight_keep_their_contexts():
 
 
 @test
+def trim_frees_between_steps():
+    """mok.MoE.trim (mokLayerTrim): after a step the module holds only its index arrays and the
+    comm no scratch; a forward whose backward is still to come keeps its rows through a trim
+    (its backward runs no forward again); the passes after it give the same results."""
+    torch = torch_gpu()
+    for impl in ("auto", "mega") if mega_ok(torch) else ("auto",):
+        m, gen = small_layer(torch, impl, seed=29, contexts=2)
+        created = m.memory_info()[0]
+        x, idx, w, d = inputs(torch, m, 120, gen)
+        out, want = grads_of(torch, m, x, idx, w, d)
+        own, scratch = m.memory_info()
+        assert own > created and scratch > 0, (impl, created, own, scratch)
+        m.trim()
+        assert m.memory_info() == (created, 0), (impl, created, m.memory_info())
+        runs = [0]
+        for l in m.contexts.layers:
+            def counted(*a, _f=l.forward_raw, **k):
+                runs[0] += 1
+                return _f(*a, **k)
+            l.forward_raw = counted
+        xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
+        for p in m.parameters():
+            p.grad = None
+        o = m(xr, idx, wr)
+        m.trim()  # (the held context keeps its rows)
+        assert m.memory_info()[0] > created and m.contexts.held() == 1, (impl, m.memory_info())
+        o.backward(d)
+        assert runs[0] == 1, "%s: %d forwards" % (impl, runs[0])
+        got = [xr.grad, wr.grad] + [p.grad for p in m.parameters()]
+        assert torch.equal(o, out) and all(torch.equal(a, b) for a, b in zip(got, want)), impl
+        m.close()
+        m.comm.close()
+
+
+@test
 def bench_pipeline_smoke():
     """python/bench_pipeline.py on a small layer (1F1B, depth 2, 4 micro-batches): with
     contexts=2 mok runs each micro-batch's forward once, with one context every backward runs
