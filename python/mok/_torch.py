@@ -314,8 +314,12 @@ class MoE(torch.nn.Module):
                     p.normal_(0.0, self.init_std if self.init_std is not None else fan_in ** -0.5)
 
     def forward(self, x, topk_idx, topk_w):
+        """out [..., H] bf16 for x [..., H]: bf16, or float32 / float16 (an RMSNorm's output under
+        torch.autocast) cast to bf16 first (its gradient comes back in x's dtype)."""
         H, k = self._hidden, self._topk
         lead = x.shape[:-1]
+        if isinstance(x, torch.Tensor) and x.dtype in (torch.float32, torch.float16):
+            x = x.to(torch.bfloat16)
         out = moe(self.contexts, x.reshape(-1, H), topk_idx.reshape(-1, k), topk_w.reshape(-1, k), self.w_gate_up,
                   self.w_down, self.s_gate_up, self.s_down, impl=self.impl, main_grad=self._main_grad)
         return out.reshape(*lead, H)

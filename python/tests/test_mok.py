@@ -301,7 +301,8 @@ def rel_l2(a, b):
 def clear_limit(torch, limit, x, idx, params):
     """The clamp's limit moved (by a multiple of 1e-4 of it, up to 1e-2) until no gate is within
     5e-6 of it and no up value's magnitude either: closer, fp32 sums (the GPU's; these are
-    sums of 256 exact products) and float64 (the reference's) can decide the clamp differently, and that one decision moves a whole row of a weight gradient
+    sums of 256 exact products) and float64 (the reference's) can decide the clamp
+    differently, and that one decision moves a whole row of a weight gradient
     (MOK_TEST_SEED=279661: a shared gate 1.2e-7 from the limit, d_s_gate rel L2 0.011)."""
     xd = x.double()
     wgu = params[0].double()  # [2, E, I, H]
@@ -706,8 +707,9 @@ def bench_pipeline_smoke():
 
 @test
 def input_dtypes_and_shapes():
-    """int32 / int64 topk_idx, float32 / bf16 topk_w, leading dimensions: the same results;
-    topk_w's gradient comes back in its own dtype."""
+    """int32 / int64 topk_idx, float32 / bf16 topk_w, leading dimensions, float32 x (as under
+    torch.autocast; mok.MoE casts it to bf16): the same results; topk_w's and x's gradients
+    come back in their own dtypes."""
     torch = torch_gpu()
     m, gen = small_layer(torch, "auto", seed=14)
     x, idx, w, d = inputs(torch, m, 128, gen)
@@ -721,6 +723,14 @@ def input_dtypes_and_shapes():
     x3 = x.reshape(4, 32, -1)
     out3 = m(x3, idx.reshape(4, 32, -1), w.reshape(4, 32, -1))
     assert out3.shape == (4, 32, SMALL["hidden"]) and torch.equal(out3.reshape(128, -1), out)
+    xf = x.float().requires_grad_()  # (x is bf16: exact in float32)
+    for p in m.parameters():
+        p.grad = None
+    with torch.autocast("cuda", dtype=torch.bfloat16):
+        outf = m(xf, idx, w)
+    outf.backward(d)
+    assert outf.dtype == torch.bfloat16 and torch.equal(outf, out), "float32 x: another output"
+    assert xf.grad.dtype == torch.float32 and torch.equal(xf.grad, g[0].float()), "float32 x: another d_x"
     m.layer.close()
     m.comm.close()
 
@@ -730,7 +740,7 @@ def bad_inputs_are_refused():
     torch = torch_gpu()
     m, gen = small_layer(torch, "auto", seed=15)
     x, idx, w, d = inputs(torch, m, 64, gen)
-    raises(ValueError, lambda: m(x.float(), idx, w), "x is torch.float32")
+    raises(ValueError, lambda: m(x.double(), idx, w), "x is torch.float64")  # (float32 is cast)
     raises(ValueError, lambda: m(x.cpu(), idx.cpu(), w.cpu()), "x is on cpu")
     raises(ValueError, lambda: m(x, idx[:, :2], w[:, :2]), "topk_idx has shape")
     raises(ValueError, lambda: m(x, idx.float(), w), "integer")
