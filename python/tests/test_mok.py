@@ -681,6 +681,19 @@ def trim_frees_between_steps():
 
 
 @test
+def example_train_moe_learns():
+    """python/examples/train_moe.py (a router, two MoE layers, AdamW, micro-batches with two
+    forwards in flight, trim before each step): the loss falls by 10% within 30 steps."""
+    torch = torch_gpu()
+    import subprocess
+    for impl in ("mega", "auto") if mega_ok(torch) else ("auto",):
+        r = subprocess.run([sys.executable, os.path.join(HERE, "..", "examples", "train_moe.py"), "--impl", impl,
+                            "--steps", "30"], capture_output=True, text=True, timeout=300)
+        assert r.returncode == 0 and ": fell" in r.stdout, "%s: rc %d\n%s%s" % (impl, r.returncode, r.stdout[-1500:],
+                                                                             r.stderr[-1500:])
+
+
+@test
 def bench_pipeline_smoke():
     """python/bench_pipeline.py on a small layer (1F1B, depth 2, 4 micro-batches): with
     contexts=2 mok runs each micro-batch's forward once, with one context every backward runs
