@@ -481,9 +481,10 @@ extern "C" mokResult_t mokLayerTrim(mokLayer_t l, unsigned what, cudaStream_t st
   int prev = -1;
   cudaGetDevice(&prev);
   cudaSetDevice(g->device);
-  if ((what & MOK_TRIM_SAVED) && mok_devbuf_trim(&g->saved, st)) g->fwd_valid = 0; /* (its context is gone) */
-  if (what & MOK_TRIM_SCRATCH) mok_devbuf_trim(mok_comm_scratch(l->comm), st);
-  cudaError_t e = cudaGetLastError();
+  cudaError_t e = cudaSuccess, e2 = cudaSuccess;
+  if ((what & MOK_TRIM_SAVED) && mok_devbuf_trim(&g->saved, st, &e)) g->fwd_valid = 0; /* (its context is gone) */
+  if (what & MOK_TRIM_SCRATCH) mok_devbuf_trim(mok_comm_scratch(l->comm), st, &e2);
+  if (e == cudaSuccess) e = e2;
   if (prev >= 0) cudaSetDevice(prev);
   if (e != cudaSuccess) return mok_error(l, mokCudaError, "%s: freeing the blocks failed: %s", fn, cudaGetErrorString(e));
   return mokSuccess;

@@ -25,10 +25,9 @@ static int pools_supported(void) {
   return v;
 }
 
-static void block_free(void *p, cudaStream_t st, int pools) {
-  if (!p) return;
-  if (pools) cudaFreeAsync(p, st);
-  else cudaFree(p); /* (waits for the device) */
+static cudaError_t block_free(void *p, cudaStream_t st, int pools) {
+  if (!p) return cudaSuccess;
+  return pools ? cudaFreeAsync(p, st) : cudaFree(p); /* (cudaFree waits for the device) */
 }
 
 mokResult_t mok_devbuf_reserve(struct mokLayer *l, mok_devbuf *b, size_t bytes, cudaStream_t st, const char *fn,
@@ -98,14 +97,20 @@ void mok_devbuf_done(mok_devbuf *b, cudaStream_t st) {
   else cudaGetLastError();
 }
 
-size_t mok_devbuf_trim(mok_devbuf *b, cudaStream_t st) {
+size_t mok_devbuf_trim(mok_devbuf *b, cudaStream_t st, cudaError_t *err) {
+  *err = cudaSuccess;
   if (!b->ptr || b->captured) return 0;
   if (b->ev_live && b->last != st && cudaStreamWaitEvent(st, b->ev, 0) != cudaSuccess) {
     cudaGetLastError();
     cudaStreamSynchronize(b->last); /* (ordered the slow way) */
+    cudaGetLastError();
   }
   const size_t had = b->bytes;
-  block_free(b->ptr, st, pools_supported());
+  *err = block_free(b->ptr, st, pools_supported());
+  if (*err != cudaSuccess) {
+    cudaGetLastError();
+    return 0; /* (kept: it may still be in use) */
+  }
   b->ptr = NULL, b->bytes = 0;
   return had;
 }

@@ -60,9 +60,10 @@ mokResult_t mok_devbuf_reserve(struct mokLayer *l, mok_devbuf *b, size_t bytes, 
  * wait for (nothing while st is capturing). */
 void mok_devbuf_done(mok_devbuf *b, cudaStream_t st);
 /* Frees b's block in stream order on st, after its last user (mokLayerTrim): returns the
- * bytes freed; a block a captured CUDA graph uses is kept (0). The next reserve allocates
- * again. The caller has checked that st is not capturing. */
-size_t mok_devbuf_trim(mok_devbuf *b, cudaStream_t st);
+ * bytes freed; a block a captured CUDA graph uses is kept (0), and so is one whose free
+ * failed (*err). The next reserve allocates again. The caller has checked that st is not
+ * capturing. */
+size_t mok_devbuf_trim(mok_devbuf *b, cudaStream_t st, cudaError_t *err);
 /* Bytes b holds, retired blocks included. */
 size_t mok_devbuf_held(const mok_devbuf *b);
 /* Frees every block of b; the caller has synchronised the device. */
