@@ -20,17 +20,15 @@ mok with its layers' saved blocks and the comm's scratch). --fields overrides co
 """
 
 import argparse
-import json
 import os
 import sys
-import time
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import torch  # noqa: E402
 
 import mok  # noqa: E402
-from bench_torch import routing, torch_moe  # noqa: E402
+from bench_torch import routing, torch_moe, write_json  # noqa: E402
 
 
 def one_f_one_b(depth, mbs):
@@ -173,9 +171,7 @@ def main():
             r["model"], r["tokens"], r["impl"], r["contexts"] or "-", r["ms_per_micro_batch"], r["forwards"],
             r["micro_batches"], r["peak_bytes"] / 2**30))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(dev), rows=rows), f,
-                      indent=1)
+        write_json(a.json, dev, rows)
 
 
 if __name__ == "__main__":

@@ -66,6 +66,12 @@ def routing(T, E, k, spec, gen, dev):
     return idx, w
 
 
+def write_json(path, dev, rows):
+    """The rows with the date and the GPU's name (--json)."""
+    with open(path, "w") as f:
+        json.dump(dict(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(dev), rows=rows), f, indent=1)
+
+
 def timed(fn, iters, warm=3):
     for _ in range(warm):
         fn()
@@ -193,9 +199,7 @@ def main():
             r["model"], r["tokens"], r["impl"], r["fwd_ms"], r["fwd_bwd_ms"], sf, sb, r["rel_l2_vs_first"],
             r["kept_bytes"] / 2**30, r["transient_bytes"] / 2**30))
     if a.json:
-        with open(a.json, "w") as f:
-            json.dump(dict(date=time.strftime("%Y-%m-%d"), device=torch.cuda.get_device_name(dev), rows=rows), f,
-                      indent=1)
+        write_json(a.json, dev, rows)
 
 
 if __name__ == "__main__":

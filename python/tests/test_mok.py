@@ -598,6 +598,18 @@ def backward_after_another_forward():
         m.comm.close()
 
 
+def count_forwards(m):
+    """[n]: n counts the forwards the module's layers run from now on (a wrapper on each
+    context's forward_raw)."""
+    runs = [0]
+    for l in m.contexts.layers:
+        def counted(*a, _f=l.forward_raw, **k):
+            runs[0] += 1
+            return _f(*a, **k)
+        l.forward_raw = counted
+    return runs
+
+
 @test
 def forwards_in_flight_keep_their_contexts():
     """mok.MoE(contexts=2) under a 1F1B schedule of depth 2 (F a, F b, B a, F c, B b, B c): no
@@ -614,12 +626,7 @@ def forwards_in_flight_keep_their_contexts():
             mbs = [inputs(torch, m, T, gen) for T in (120, 90, 101)]
             if alone is None:
                 alone = [grads_of(torch, m, *mb) for mb in mbs]
-            runs = [0]
-            for l in m.contexts.layers:
-                def counted(*a, _f=l.forward_raw, **k):
-                    runs[0] += 1
-                    return _f(*a, **k)
-                l.forward_raw = counted
+            runs = count_forwards(m)
             held, outs, got = {}, {}, {}
 
             def fwd(i):
@@ -660,12 +667,7 @@ def trim_frees_between_steps():
         assert own > created and scratch > 0, (impl, created, own, scratch)
         m.trim()
         assert m.memory_info() == (created, 0), (impl, created, m.memory_info())
-        runs = [0]
-        for l in m.contexts.layers:
-            def counted(*a, _f=l.forward_raw, **k):
-                runs[0] += 1
-                return _f(*a, **k)
-            l.forward_raw = counted
+        runs = count_forwards(m)
         xr, wr = x.clone().requires_grad_(), w.clone().requires_grad_()
         for p in m.parameters():
             p.grad = None
