@@ -333,6 +333,15 @@ MOK_TEST(cli_memory) {
   const double G = 1073741824.0, got[4] = {own, scr, own_w, scr_w};
   for (int q = 0; q < 4; q++) CHECK_MSG(fabs(got[q] - b[q] / G) < 0.006, "column %d: %g vs %g GiB", q, got[q], b[q] / G);
   CHECK_MSG(fabs(tot - (60 * b[0] + b[1]) / G) < 0.06, "total %g", tot);
+  /* --contexts 4: each layer's own counted once a context in the totals */
+  CHECK_MSG(run_cli("memory --model kimi-k2.7-code --gpus 8 --tokens 4096 --layers 60 --contexts 4", out,
+                    sizeof out) == 0, "%s", out);
+  line = strstr(out, "\nkimi-k2.7-code");
+  CHECK_MSG(line && sscanf(line + 1, "kimi-k2.7-code %lf %lf %lf %lf %lf / %lf", &own, &scr, &own_w, &scr_w, &tot,
+                           &tot_w) == 6 && strstr(out, "once a context"), "%s", out);
+  CHECK_MSG(fabs(own - b[0] / G) < 0.006 && fabs(tot - (240 * b[0] + b[1]) / G) < 0.1 &&
+            fabs(tot_w - (240 * b[2] + b[3]) / G) < 0.3, "contexts 4: total %g / %g", tot, tot_w);
+  CHECK(run_cli("memory --contexts 0", out, sizeof out) != 0 && strstr(out, "--contexts takes 1..64"));
   CHECK(run_cli("memory --help", out, sizeof out) == 0 && strstr(out, "mokLayerReserve"));
   /* --impl mega at EP8: the same columns as the estimate, the window in the scratch */
   CHECK_MSG(run_cli("memory --model qwen3.5-397b-a17b --gpus 8 --tokens 8192 --impl mega", out, sizeof out) == 0, "%s",

@@ -458,13 +458,13 @@ static int cmd_bench(int argc, char **argv) {
 /* ---- mok memory ---------------------------------------------------------------- */
 static int cmd_memory(int argc, char **argv) {
   const char *models_s = "kimi-k2.7-code,glm-5.2,qwen3.5-397b-a17b,deepseek-v4-pro", *impl_s = "auto";
-  int gpus = 8, tokens = 8192, layers = 0;
+  int gpus = 8, tokens = 8192, layers = 0, contexts = 1;
   double budget = 0; /* GiB; with --layers: the most tokens a rank whose layers fit in it */
   for (int i = 1; i < argc; i++) {
     const char *a = argv[i];
     if (!strcmp(a, "--help") || !strcmp(a, "-h")) {
       printf("usage: mok memory [--model A,B,..] [--gpus N] [--tokens T] [--layers L [--budget GiB]]\n"
-             "                  [--impl auto|nccl|baseline|mega]\n"
+             "                  [--contexts C] [--impl auto|nccl|baseline|mega]\n"
              "  The device memory one GPU of an EP group of N GPUs needs for a layer whose passes have T\n"
              "  tokens a rank (computed from the layer's layouts, mokLayerMemoryEstimate; no GPU needed):\n"
              "  the layer's own (the rows its backward reads, index arrays) and the scratch one pass\n"
@@ -473,6 +473,9 @@ static int cmd_memory(int argc, char **argv) {
              "  --layers L adds the total of L such layers on one communicator; --budget B (GiB) with it\n"
              "  adds the most tokens a rank whose L layers fit in B GiB (even routing; the weights,\n"
              "  their gradients and the optimizer state are not counted: leave room for them).\n"
+             "  --contexts C: forwards in flight a layer keeps for their backwards (a pipeline schedule's\n"
+             "  depth; the Python binding's contexts=C): each holds a layer's own, so the totals count it\n"
+             "  C times.\n"
              "  Defaults: the four published models, --gpus 8, --tokens 8192, --impl auto.\n");
       return 0;
     }
@@ -488,7 +491,8 @@ static int cmd_memory(int argc, char **argv) {
     else if (!strcmp(a, "--budget")) {
       budget = strtod(v, &end);
       if (end == v || *end || !(budget > 0) || budget > 1e6) return usage_error("memory", "--budget takes GiB > 0, not '%s'", v);
-    } else if (!strcmp(a, "--layers")) { if (!is_num || n < 0 || n > 100000) return usage_error("memory", "--layers takes 0..100000, not '%s'", v); layers = (int)n; }
+    } else if (!strcmp(a, "--contexts")) { if (!is_num || n < 1 || n > 64) return usage_error("memory", "--contexts takes 1..64, not '%s'", v); contexts = (int)n; }
+    else if (!strcmp(a, "--layers")) { if (!is_num || n < 0 || n > 100000) return usage_error("memory", "--layers takes 0..100000, not '%s'", v); layers = (int)n; }
     else return usage_error("memory", "unknown option '%s'", a);
   }
   mokImpl_t impl;
@@ -499,8 +503,8 @@ static int cmd_memory(int argc, char **argv) {
   else return usage_error("memory", "--impl takes auto, nccl, baseline or mega, not '%s'", impl_s);
   if (budget > 0 && !layers) return usage_error("memory", "--budget needs --layers%s", "");
   const double G = 1073741824.0;
-  printf("device memory a GPU needs per MoE layer: EP over %d GPU(s), %d tokens a rank, impl %s (GiB)\n", gpus, tokens,
-         impl_s);
+  printf("device memory a GPU needs per MoE layer: EP over %d GPU(s), %d tokens a rank, impl %s (GiB)%s\n", gpus, tokens,
+         impl_s, contexts > 1 ? "; the totals count each layer's own once a context" : "");
   printf("%-20s %12s %12s %12s %12s%s\n", "model", "layer", "scratch", "layer worst", "scratch worst",
          layers ? (budget > 0 ? "  total of the layers (even / worst)  tokens a rank in the budget" :
                    "  total of the layers (even / worst)") : "");
@@ -522,7 +526,8 @@ static int cmd_memory(int argc, char **argv) {
       continue;
     }
     printf("%-20s %12.2f %12.2f %12.2f %12.2f", m, own / G, scr / G, own_w / G, scr_w / G);
-    if (layers) printf("  %.1f / %.1f", (layers * (double)own + scr) / G, (layers * (double)own_w + scr_w) / G);
+    const double per = (double)layers * contexts; /* layers' own blocks: one a context */
+    if (layers) printf("  %.1f / %.1f", (per * own + scr) / G, (per * own_w + scr_w) / G);
     if (budget > 0) { /* the need grows with the tokens: bisect the largest T that fits */
       int lo = 0, hi = 1 << 24;
       while (lo < hi) {
@@ -530,7 +535,7 @@ static int cmd_memory(int argc, char **argv) {
         mokConfig_t cm = c;
         cm.max_tokens = mid;
         size_t o = 0, x = 0;
-        if (mokLayerMemoryEstimate(&cm, impl, mid, 0, &o, &x) == mokSuccess && layers * (double)o + x <= budget * G)
+        if (mokLayerMemoryEstimate(&cm, impl, mid, 0, &o, &x) == mokSuccess && per * o + x <= budget * G)
           lo = mid;
         else
           hi = mid - 1;

@@ -223,18 +223,21 @@ class Config:
         return out
 
 
-def memory_estimate(config, num_tokens=None, impl="auto", worst=False):
+def memory_estimate(config, num_tokens=None, impl="auto", worst=False, contexts=1):
     """(layer_bytes, comm_scratch_bytes): the device memory one GPU needs for a layer of `config`
     (a Config; num_ranks = the EP size) after passes of num_tokens tokens a rank (default
     max_tokens), with routes spread evenly over the experts or under the worst routing
-    (mokLayerMemoryEstimate: computed on the host, no GPU). A model of L layers on one comm needs
+    (mokLayerMemoryEstimate: computed on the host, no GPU); layer_bytes for `contexts` forwards
+    in flight (mok.MoE's contexts: a layer's own each). A model of L layers on one comm needs
     about L * layer_bytes + comm_scratch_bytes."""
+    if isinstance(contexts, bool) or not isinstance(contexts, int) or not 1 <= contexts <= 64:
+        raise ValueError("mok.memory_estimate: contexts %r: an int from 1 to 64" % (contexts,))
     lib = _load()
     T = config.max_tokens if num_tokens is None else int(num_tokens)
     own, scratch = ctypes.c_size_t(), ctypes.c_size_t()
     _check(lib.mokLayerMemoryEstimate(ctypes.byref(config._c), Layer._impl(impl), T, int(bool(worst)),
                                       ctypes.byref(own), ctypes.byref(scratch)))
-    return own.value, scratch.value
+    return own.value * contexts, scratch.value
 
 
 def get_unique_id():

@@ -101,6 +101,9 @@ def memory_estimate_follows_the_routes():
     assert own_w > 3.5 * own and scratch_w > 3.5 * scratch and own / 3 < own_h < own
     own_m, scratch_m = mok.memory_estimate(c, impl="mega")
     assert 1.5 * G < own_m < 1.05 * own and scratch_m > 2 * 8192 * 6144 * 9, (own_m, scratch_m)
+    own4, scratch4 = mok.memory_estimate(c, contexts=4)  # four forwards in flight: four layers' own
+    assert own4 == 4 * own and scratch4 == scratch, (own4, own, scratch4, scratch)
+    raises(ValueError, lambda: mok.memory_estimate(c, contexts=0), "contexts")
     raises(mok.MokError, lambda: mok.memory_estimate(c, 9000), "num_tokens")
     raises(ValueError, lambda: mok.memory_estimate(c, impl="magic"), "impl")
 
