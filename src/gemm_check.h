@@ -60,6 +60,16 @@ static inline void mok_ref_gateup_row(const uint16_t *x, const uint16_t *wg, con
   }
 }
 
+/* A clamp decided on the two sides (one of got, ref is a clamp's +-inf marker, the other
+ * not) for a value within rounding of the limit: the GPU's fp32 sums and the float64
+ * reference may decide a value that close to L either way, and both are right (the clamp
+ * is a step; what follows uses the GPU's saved g, u). x: the row, w: the weight row of the
+ * value (gate or up). Callers skip such elements and bound how many they skip. */
+static inline int mok_clamp_boundary(double got, double ref, const uint16_t *x, const uint16_t *w, int H, double L) {
+  if (L <= 0 || (isinf(got) != 0) == (isinf(ref) != 0)) return 0;
+  return fabs(fabs(mok_ref_dot(x, w, H)) - L) <= 1e-5 * L;
+}
+
 /* y = act W_down^T for one row. wd: [H, I]. */
 static inline void mok_ref_down_row(const uint16_t *act, const uint16_t *wd, int H, int I, double *y) {
   for (int h = 0; h < H; ++h) y[h] = mok_ref_dot(act, wd + (int64_t)h * I, I);

@@ -452,15 +452,6 @@ static int pick_rows(int count, int sample, int *out) {
   return sample;
 }
 
-/* A clamp decided on the two sides (one of got, ref is a clamp's +-inf marker, the other
- * not) for a value within rounding of the limit: the GPU's fp32 sums and the float64
- * reference may decide a value that close to L either way, and both are right (the clamp
- * is a step; what follows uses the GPU's saved g, u). Seen with L = 1 on 1500 rows. */
-static int clamp_boundary(double got, double ref, const uint16_t *x, const uint16_t *w, int H, double L) {
-  if (L <= 0 || (isinf(got) != 0) == (isinf(ref) != 0)) return 0;
-  return fabs(fabs(mok_ref_dot(x, w, H)) - L) <= 1e-5 * L;
-}
-
 static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b) {
   const int E = c->E, H = c->H, I = c->I;
   int32_t *off_h = (int32_t *)calloc((size_t)E + 1, sizeof(int32_t));
@@ -586,9 +577,9 @@ static const char *run_case_impl(const gemm_case *c, uint64_t seed, gemm_bufs *b
       mok_ref_gateup_row(hx + r * H, wg, wu, H, I, c->limit, r1, r2, r3);
       for (int i = 0; i < I; ++i) {
         const double gg = MOK_B2D(hgu[r * 2 * I + i]), gu_ = MOK_B2D(hgu[r * 2 * I + I + i]);
-        if (clamp_boundary(gg, r1[i], hx + r * H, wg + (size_t)i * H, H, c->limit)) ++boundary;
+        if (mok_clamp_boundary(gg, r1[i], hx + r * H, wg + (size_t)i * H, H, c->limit)) ++boundary;
         else mok_gemm_err_add(&e_g, gg, r1[i]);
-        if (clamp_boundary(gu_, r2[i], hx + r * H, wu + (size_t)i * H, H, c->limit)) ++boundary;
+        if (mok_clamp_boundary(gu_, r2[i], hx + r * H, wu + (size_t)i * H, H, c->limit)) ++boundary;
         else mok_gemm_err_add(&e_u, gu_, r2[i]);
         mok_gemm_err_add(&e_a, MOK_B2D(hact[r * I + i]), r3[i]);
         checked += 2;
