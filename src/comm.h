@@ -94,7 +94,8 @@ typedef struct mokCommDev {
   X(MOK_WAIT_MEGA_X, 9, "forward megakernel: wait for an expert's dispatched token rows", "expert")        \
   X(MOK_WAIT_SCHED_INPUT, 10, "device schedule: topk_idx holds an id outside [-1, E)", "route")                 \
   X(MOK_WAIT_EP_REFUSED, 11, "expert-parallel pass: a rank refused it (a bad expert id, a refused call, or more rows than its receive capacity)", "the first such rank") \
-  X(MOK_WAIT_EP_CAPACITY, 12, "expert-parallel pass: this rank received more rows than its receive capacity (mokLayerSetRecvCapacity)", "rows (padded) it received")
+  X(MOK_WAIT_EP_CAPACITY, 12, "expert-parallel pass: this rank received more rows than its receive capacity (mokLayerSetRecvCapacity)", "rows (padded) it received") \
+  X(MOK_WAIT_MEGA_Y, 13, "forward megakernel's combine: wait for an expert's down tiles (the shared expert's: expert = the local expert count)", "expert")
 #define MOK_WAIT_ENUM_(name, value, text, where) name = value,
 enum { MOK_WAIT_LIST(MOK_WAIT_ENUM_) MOK_WAIT_NUM_ };
 #undef MOK_WAIT_ENUM_

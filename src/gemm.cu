@@ -832,7 +832,7 @@ extern "C" mokResult_t mok_gemm_ffn_fwd(const mokGemmRows_t *rows, int hidden, i
 /* gemm_ffn.cu: the megakernel's launch of these arguments (finished, error word set) */
 mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const GemmTileArgs *sgu,
                                      const GemmTileArgs *sdn, const mokFfnMega_t *mega,
-                                     mokBf16 *xg, int hidden, cudaStream_t stream);
+                                     mokBf16 *xg, const mokBf16 *y, int hidden, cudaStream_t stream);
 
 extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,
                                          mokBf16 *xg, const mokBf16 *w_gate, const mokBf16 *w_up,
@@ -855,6 +855,17 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
   }
   if (mega->ctas < 0) return mok_error(NULL, mokInvalidArgument, "%s: ctas %d is negative", fn, mega->ctas);
   MOK_CHECK(check_ptr(fn, "bad", mega->bad));
+  if (mega->out && mega->tokens > 0) { /* the combine in the launch: one GPU only */
+    if (mega->row_route)
+      return mok_error(NULL, mokNotSupported, "%s: the combine in the launch is for one GPU (row_tok), not row_route",
+                       fn);
+    MOK_CHECK(check_ptr(fn, "out", mega->out));
+    MOK_CHECK(check_ptr(fn, "route_row", mega->route_row));
+    MOK_CHECK(check_ptr(fn, "topk_w", mega->topk_w));
+    if (mega->base) MOK_CHECK(check_ptr(fn, "base", mega->base));
+    if (mega->topk < 1 || mega->topk > 32)
+      return mok_error(NULL, mokInvalidArgument, "%s: topk %d (the combine needs 1 .. 32)", fn, mega->topk);
+  }
   if (mega->x) MOK_CHECK(check_ptr(fn, "mega->x", mega->x)); /* (NULL: no tokens, every row padding) */
   GemmTileArgs ga, da;
   mokGemmTileShape_t tg, td;
@@ -901,7 +912,7 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
     sga.error_word = sda.error_word = ga.error_word;
     sga.expert_order = sda.expert_order = 0;
   }
-  return mok_gemm_ffn_mega_launch(ga, da, sh ? &sga : NULL, sh ? &sda : NULL, mega, xg, hidden, stream);
+  return mok_gemm_ffn_mega_launch(ga, da, sh ? &sga : NULL, sh ? &sda : NULL, mega, xg, y, hidden, stream);
 }
 
 extern "C" mokResult_t mok_gemm_down_dgrad(const mokGemmRows_t *rows, int hidden, int inter, float swiglu_limit,

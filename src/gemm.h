@@ -146,6 +146,16 @@ typedef struct mokFfnMega {
   mokBf16 *s_act, *s_gu, *s_y;
   const int32_t *s_seg;
   int tokens;
+  /* The combine inside the launch (one GPU: row_tok, not row_route), or out NULL (the
+   * caller combines after it): out[t] = bf16(base[t] + sum_j topk_w[t, j] y[route_row[t,
+   * j]]) over the routes with a row (k_combine_rows' sums, bitwise), a token once the down
+   * tiles of every expert it routes to (and the shared expert's, where they run in the
+   * launch) are stored. base: [tokens, H] or NULL (zeros); s_y where the shared expert
+   * runs in the launch. topk: the routes a token. */
+  const int32_t *route_row; /* [tokens * topk] (device), -1: no row */
+  const float *topk_w;      /* [tokens * topk] (device) */
+  const mokBf16 *base;
+  mokBf16 *out;             /* [tokens, H] (device) */
 } mokFfnMega_t;
 
 /* The forward megakernel's expert part on one GPU (EP1): dispatch, gate+up (SwiGLU) and

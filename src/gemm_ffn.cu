@@ -64,14 +64,15 @@ mokResult_t mok_gemm_ffn_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, 
   return mokSuccess;
 }
 
-/* The megakernel's counters: the fused launch's, then x_ready[E] and the dispatch ticket
- * (ffn_fwd.cuh: mega_ctr), a ring of slots as above. */
-__device__ uint32_t g_mega_ready[kFfnRing][2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters];
+/* The megakernel's counters: the fused launch's, then x_ready[E], its tickets and done[E + 1]
+ * (ffn_fwd.cuh: mega_ctr, mega_aux, mega_done), a ring of slots as above. */
+constexpr int kMegaWords = ffn_counter_words(MOK_GEMM_MAX_EXPERTS, true);
+__device__ uint32_t g_mega_ready[kFfnRing][kMegaWords];
 static unsigned g_mega_next; /* __atomic_* */
 
 mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs &dn, const GemmTileArgs *sgu,
-                                     const GemmTileArgs *sdn, const mokFfnMega_t *mega, mokBf16 *xg, int hidden,
-                                     cudaStream_t stream) {
+                                     const GemmTileArgs *sdn, const mokFfnMega_t *mega, mokBf16 *xg, const mokBf16 *y,
+                                     int hidden, cudaStream_t stream) {
   int sms = 0;
   const int smem = FfnRing<kTokMaxUnits>::kSmemBytes;
   MOK_CHECK(ffn_device("forward megakernel", smem, &sms));
@@ -88,7 +89,7 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   CUDA_CHECK(NULL, cudaGetSymbolAddress(&ready, g_mega_ready));
   FfnMegaArgs f;
   memset(&f, 0, sizeof f);
-  static_cast<FfnArgs &>(f) = ffn_args(gu, dn, ready, 2 * MOK_GEMM_MAX_EXPERTS + kFfnCounters + kMegaCounters, &g_mega_next);
+  static_cast<FfnArgs &>(f) = ffn_args(gu, dn, ready, kMegaWords, &g_mega_next);
   if (sgu && sdn) f.s.gu = *sgu, f.s.dn = *sdn, f.s.on = 1;
   f.m.src = reinterpret_cast<const uint4 *>(mega->x);
   f.m.xg = reinterpret_cast<uint4 *>(xg);
@@ -100,6 +101,16 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   f.m.bad = mega->bad;
   f.m.row_u4 = hidden / 8;
   f.m.comm_ctas = mega->comm_ctas;
+  if (mega->out && mega->tokens > 0) { /* the combine in the launch (mok_gemm_ffn_mega checked it) */
+    f.m.route_row = mega->route_row;
+    f.m.topk_w = mega->topk_w;
+    f.m.topk = mega->topk;
+    f.m.y = reinterpret_cast<const uint4 *>(y);
+    f.m.cbase = reinterpret_cast<const uint4 *>(mega->base);
+    f.m.out = reinterpret_cast<uint4 *>(mega->out);
+    f.m.tokens = mega->tokens;
+    f.m.cbase_wait = mega->base && f.s.on && mega->base == mega->s_y;
+  }
   kernel<<<(unsigned)sms, kThreads, (size_t)smem, stream>>>(f);
   CUDA_CHECK(NULL, cudaGetLastError());
   return mokSuccess;

@@ -135,6 +135,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     g->mega_ctas = mc ? atoi(mc) : 0;
     const char *ms = getenv("MOK_MEGA_SHARED");
     g->mega_shared = !(ms && !strcmp(ms, "0"));
+    const char *mb = getenv("MOK_MEGA_COMBINE");
+    g->mega_combine = !(mb && !strcmp(mb, "0"));
   }
   if (N > 1 && (cudaMalloc((void **)&g->d_ep_scratch, 4 * (size_t)mok_schedule_local_scratch((int)E)) != cudaSuccess ||
                 cudaMalloc((void **)&g->d_ep_rowtok, 4 * (size_t)(T * k + 1)) != cudaSuccess ||

@@ -20,7 +20,7 @@
 #include "comm.h"
 #include "ep_dev.h"
 #include "layer_gpu.h"
-#include "route_rows.cuh" /* defines: mok_dtopk_dy_row */
+#include "route_rows.cuh" /* defines: mok_dtopk_dy_row, mok_comb_init, mok_comb_add, mok_comb_pack */
 #include "schedule_dev.h"
 #include "kernels_load.h"
 
@@ -37,29 +37,15 @@ __global__ void k_combine_rows(const uint4 *__restrict__ base, const uint4 *__re
   for (int64_t t = blockIdx.x; t < T; t += gridDim.x)
     for (int u = threadIdx.x; u < row_u4; u += blockDim.x) {
       float acc[8];
-      if (base) {
-        const uint4 b = base[t * row_u4 + u];
-        const uint32_t bw[4] = {b.x, b.y, b.z, b.w};
-        for (int q = 0; q < 4; q++)
-          acc[2 * q] = mok_bf16_to_f32((uint16_t)(bw[q] & 0xffffu)), acc[2 * q + 1] = mok_bf16_to_f32((uint16_t)(bw[q] >> 16));
-      } else {
-        for (int q = 0; q < 8; q++) acc[q] = 0.f;
-      }
+      uint4 b;
+      if (base) b = base[t * row_u4 + u];
+      mok_comb_init(acc, base ? &b : NULL);
       for (int j = 0; j < k; j++) {
         const int32_t r = row[t * k + j];
         if (r < 0) continue;
-        const float wt = w ? w[t * k + j] : 1.f;
-        const uint4 v = y[(int64_t)r * row_u4 + u];
-        const uint32_t vw[4] = {v.x, v.y, v.z, v.w};
-        for (int q = 0; q < 4; q++) {
-          acc[2 * q] += wt * mok_bf16_to_f32((uint16_t)(vw[q] & 0xffffu));
-          acc[2 * q + 1] += wt * mok_bf16_to_f32((uint16_t)(vw[q] >> 16));
-        }
+        mok_comb_add(acc, y[(int64_t)r * row_u4 + u], w ? w[t * k + j] : 1.f);
       }
-      uint32_t ow[4];
-      for (int q = 0; q < 4; q++)
-        ow[q] = (uint32_t)mok_f32_to_bf16(acc[2 * q]) | (uint32_t)mok_f32_to_bf16(acc[2 * q + 1]) << 16;
-      out[t * row_u4 + u] = make_uint4(ow[0], ow[1], ow[2], ow[3]);
+      out[t * row_u4 + u] = mok_comb_pack(acc);
     }
 }
 
@@ -117,8 +103,9 @@ static mokResult_t mega_launch(mokLayer_t l, const mokRankInput_t *in, const mok
 
 /* mokImplMega, one GPU: the schedule on the device (schedule_dev.cu), the forward
  * megakernel (dispatch, the shared expert's tiles where I_s = I and s_up follows s_gate,
- * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh), then the combine
- * (k_combine_rows; not yet inside the megakernel, see ffn_fwd.cuh). No host wait: a bad
+ * else cuBLAS before it; gate+up, down; one launch, gemm/ffn_fwd.cuh) and the combine, a
+ * token once its experts' down tiles are stored, in the same launch (MOK_MEGA_COMBINE=0:
+ * k_combine_rows after it, the same sums). No host wait: a bad
  * expert id is found on the device (the schedule records it in the communicator's error
  * word, mokCommGetAsyncError reports it, the megakernel writes nothing, and so does the
  * backward: see mok_lg_mega_backward). */
@@ -153,8 +140,12 @@ mokResult_t mok_lg_mega_forward(mokLayer_t l, const mokRankInput_t *in, const mo
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
   m.row_tok = g->d_row_tok;
+  if (g->mega_combine && T) { /* the combine in the launch (MOK_MEGA_COMBINE=0: its own launch after it) */
+    m.route_row = g->d_route_row, m.topk_w = in->topk_w, m.topk = c->topk, m.tokens = T;
+    m.base = Is ? g->s_y : NULL, m.out = out;
+  }
   MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
-  if (T)
+  if (T && !m.out)
     k_combine_rows<<<grid_for(T, 1), 128, 0, st>>>(Is ? (const uint4 *)g->s_y : NULL, (const uint4 *)g->yp,
                                                    g->d_route_row, in->topk_w, T, c->topk, H / 8, g->d_bad,
                                                    (uint4 *)out);

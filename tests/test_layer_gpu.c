@@ -118,10 +118,13 @@ static float clear_limit(const gpu_case *c, float limit) {
   return out;
 }
 
-static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, uint64_t seed) {
+/* A case of 8 experts (I = 128) with `hidden` and `topk` of the caller's. */
+static int case_init_shape(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, uint64_t seed, int hidden,
+                           int topk) {
   memset(c, 0, sizeof *c);
   mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
-  cfg.num_experts = 8, cfg.hidden = 256, cfg.inter = 128, cfg.topk = 4, cfg.shared_inter = mode == RT_ONE_EXPERT ? 0 : 128;
+  cfg.num_experts = 8, cfg.hidden = hidden, cfg.inter = 128, cfg.topk = topk;
+  cfg.shared_inter = mode == RT_ONE_EXPERT ? 0 : 128;
   cfg.num_ranks = N, cfg.max_tokens = 112, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
   c->cfg = cfg;
   c->N = N, c->El = 8 / N;
@@ -159,6 +162,10 @@ static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, 
            mokReferenceBackward(host, c->in, c->w, (const mokBf16 *const *)c->dout, c->ref) == mokSuccess;
   mokLayerDestroy(host);
   return ok;
+}
+
+static int case_init(gpu_case *c, int N, int mode, float clamp, mokDtype_t gdt, uint64_t seed) {
+  return case_init_shape(c, N, mode, clamp, gdt, seed, 256, 4);
 }
 
 static void case_free(gpu_case *c) {
@@ -503,6 +510,56 @@ static void fetch_outputs(const gpu_case *c, char *dst[9]) {
     dst[q] = malloc(bytes[q] + 1);
     if (bytes[q]) cudaMemcpy(dst[q], ptr[q], bytes[q], cudaMemcpyDeviceToHost);
   }
+}
+
+/* mokImplMega's combine inside the forward launch (the default on one GPU) against its own
+ * launch after it (MOK_MEGA_COMBINE=0, k_combine_rows): the same sums, so out bitwise equal,
+ * and the backward after each too; with the shared expert as tiles of the launch (its s_y
+ * waited for) and on cuBLAS before it, on every routing (empty experts, one expert, -1
+ * routes, uneven tokens), at H = 768 (three 8-column steps a lane) and 8 routes a token,
+ * and against the float64 reference. */
+MOK_GPU_TEST(layer_mega_combine_in_launch_bitwise_1gpu, 1) {
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  static const int modes[] = {RT_RANDOM, RT_DUP_EMPTY, RT_ONE_EXPERT, RT_EMPTY_EXPERTS, RT_UNEVEN};
+  static const char *names[] = {"out", "d_x", "d_topk_w", "d_w_gate", "d_w_up", "d_w_down", "d_s_gate", "d_s_up",
+                                "d_s_down"};
+  for (int q = 0; q < 10 && !t->failed; q++) {
+    const int mi = q / 2, apart = q & 1;
+    gpu_case *c = calloc(1, sizeof *c);
+    CHECK(case_init_shape(c, 1, modes[mi], mi == 4 ? 0.5f : 0.f, mokDtypeBF16, test_seed() ^ (uint64_t)(0xc0b + q),
+                          768, 8));
+    c->impl = mokImplMega;
+    c->shared_apart = apart;
+    char *got[2][9];
+    for (int pass = 0; pass < 2 && !t->failed; pass++) {
+      test_env_saved saved;
+      test_env_set("MOK_MEGA_COMBINE", pass ? "0" : "1", &saved);
+      const mokResult_t rc = mokLocalRun(1, &comm, rank_run, c);
+      test_env_restore("MOK_MEGA_COMBINE", &saved);
+      CHECK_MSG(rc == mokSuccess, "case %d, combine %s: %s", q, pass ? "after" : "in the launch", mokGetLastError());
+      fetch_outputs(c, got[pass]);
+      if (pass == 0 && rc == mokSuccess) { /* against the float64 reference, as the layer tests */
+        const size_t th = (size_t)c->T[0] * c->cfg.hidden;
+        double num = 0, den = 0;
+        const double e = rel_dev(c->out_d[0], c->ref_out[0], th, 2, &num, &den);
+        CHECK_MSG(e < 1e-2, "case %d (%s): out rel L2 %.3e against the reference", q, apart ? "shared apart" : "shared in",
+                  e);
+      }
+      mokLocalRun(1, &comm, rank_free, c);
+    }
+    void *ptr[9];
+    size_t bytes[9];
+    pass_outputs(c, ptr, bytes);
+    for (int o = 0; o < 9 && !t->failed; o++)
+      CHECK_MSG(!bytes[o] || memcmp(got[0][o], got[1][o], bytes[o]) == 0,
+                "case %d (mode %d, %s): %s differs between the combine in the launch and after it", q, modes[mi],
+                apart ? "shared expert on cuBLAS" : "shared expert in the launch", names[o]);
+    for (int o = 0; o < 9; o++) free(got[0][o]), free(got[1][o]);
+    case_free(c);
+    free(c);
+  }
+  mokLocalCommsDestroy(1, &comm);
 }
 
 MOK_GPU_TEST(layer_mega_passes_in_cuda_graph_1gpu, 1) {

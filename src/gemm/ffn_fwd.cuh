@@ -40,6 +40,7 @@
 #include "bf16.h"            /* defines: mok_bf16_to_f32, mok_f32_to_bf16 */
 #include "comm_device.cuh" /* defines: ld_acquire_gpu_u32, red_release_gpu_add_u32 */
 #include "gemm/grouped_gemm.cuh"
+#include "route_rows.cuh" /* defines: mok_comb_init, mok_comb_add, mok_comb_pack */
 
 namespace mok_sm90 {
 
@@ -49,9 +50,14 @@ namespace mok_sm90 {
  * count them per expert (x_ready); a gate+up tile of expert e waits for all of e's rows.
  * A comm CTA that finished its dispatch joins the down tiles (phase 1, by tickets; it takes
  * no gate+up tile, so every gate+up tile stays with a CTA that never waits on a down tile).
- * The combine is not in this kernel yet: with it (read by any warp of the kernel, comm
- * CTA or consumer) ptxas serialised every wgmma (C7514; session 27), so the layer runs it
- * as the next launch. */
+ * The combine (one GPU; out NULL: the layer's own launch after this one): a consumer
+ * warpgroup that ran a down tile of expert e counts it in done[e] as a gate+up tile is
+ * counted in ready[e]; once a warpgroup has no more tiles, its warps take tokens by
+ * tickets, wait until done[] counts every down tile of each expert the token routes to
+ * (and of the shared expert where its tiles run in the launch), and sum the token's rows
+ * as k_combine_rows does (route_rows.cuh's steps: bitwise its out). The combine is a
+ * function of its own (mega_combine, not inlined): inlined into the kernel, its float
+ * registers made ptxas serialise every wgmma (C7514; sessions 27-28). */
 struct FfnMega {
   const uint4 *src;         /* [T, H] the tokens (row_u4 uint4 a row) */
   uint4 *xg;                /* [capacity, H] the rows operand of gu's tensor maps */
@@ -63,6 +69,15 @@ struct FfnMega {
   const int32_t *bad;       /* the schedule refused its input: the launch writes nothing */
   int row_u4;
   int comm_ctas;            /* the grid's last comm_ctas CTAs: the dispatch */
+  /* the combine (out NULL: none here); y and cbase are written by this launch's tiles: read
+   * through L2 (ld.global.cg) after the acquire of done[] */
+  const int32_t *route_row; /* [tokens * topk] each route's row, -1: none */
+  const float *topk_w;      /* [tokens * topk] */
+  const uint4 *y;           /* [capacity, H] the down tiles' output */
+  const uint4 *cbase;       /* [tokens, H] added first, or NULL */
+  uint4 *out;               /* [tokens, H] */
+  int tokens;
+  int cbase_wait;           /* cbase is the shared expert's s_y, stored by the launch's S1 tiles */
 };
 constexpr int kMegaChunk = 8; /* rows a dispatch ticket (segments are multiples of 64) */
 
@@ -103,11 +118,19 @@ struct FfnParam<true> {
  * the split; 1: the one-tile experts of the split mix order), and the roles that left. */
 enum FfnCtr { kCtrTicket = 0, kCtrLeft = 4, kFfnCounters = 8 };
 /* The megakernel's counters: x_ready[num_experts], then the dispatch ticket, the tickets of
- * phases S0 and S1 and s_ready (the shared expert's gate+up warpgroup tiles stored). */
+ * phases S0 and S1, s_ready (the shared expert's gate+up warpgroup tiles stored) and the
+ * combine's token ticket, then done[num_experts + 1] (down warpgroup tiles stored, per
+ * expert; the shared expert's last). */
 __device__ __forceinline__ uint32_t *mega_ctr(const FfnArgs &f) { return f.ready + f.gu.num_experts + kFfnCounters; }
-enum MegaCtr { kMegaTicket = 0, kMegaS0 = 1, kMegaS1 = 2, kMegaSReady = 3, kMegaCounters = 4 };
+enum MegaCtr { kMegaTicket = 0, kMegaS0 = 1, kMegaS1 = 2, kMegaSReady = 3, kMegaComb = 4, kMegaCounters = 5 };
 /* The megakernel's counters after x_ready (MegaCtr). */
 __device__ __forceinline__ uint32_t *mega_aux(const FfnArgs &f) { return mega_ctr(f) + f.gu.num_experts; }
+/* done[num_experts + 1], after them. */
+__device__ __forceinline__ uint32_t *mega_done(const FfnArgs &f) { return mega_aux(f) + kMegaCounters; }
+/* Words of a launch's counters: the fused launch's, and the megakernel's after them. */
+__host__ __device__ constexpr int ffn_counter_words(int num_experts, bool mega) {
+  return num_experts + kFfnCounters + (mega ? 2 * num_experts + 1 + kMegaCounters : 0);
+}
 /* The CTAs that run tiles: all, or (megakernel) all but the comm CTAs, which are the last. */
 template <bool MEGA>
 __device__ __forceinline__ int ffn_ctas(const FfnArgs &f) {
@@ -211,7 +234,7 @@ __device__ __forceinline__ void ffn_leave(const FfnArgs &f) {
   __threadfence();
   uint32_t *ctr = f.ready + f.gu.num_experts;
   if (atomicAdd(ctr + kCtrLeft, 1u) == 3u * gridDim.x - 1u) {
-    const int n = f.gu.num_experts + kFfnCounters + (MEGA ? f.gu.num_experts + kMegaCounters : 0);
+    const int n = ffn_counter_words(f.gu.num_experts, MEGA);
     for (int e = 0; e < n; ++e) f.ready[e] = 0u;
     __threadfence();
   }
@@ -416,6 +439,96 @@ __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool
   __syncthreads();
 }
 
+/* ---- the megakernel's combine --------------------------------------------------------------- */
+/* The expert whose segment holds row r (< expert_offset[E]): the last e with
+ * expert_offset[e] <= r (an empty expert's offset is its successor's). */
+__device__ __forceinline__ int mega_row_expert(const GemmTileArgs &a, int r) {
+  int lo = 0, hi = a.num_experts - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (__ldg(a.expert_offset + mid) <= r) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
+/* A consumer warpgroup's warps once it has no more tiles (every tile is handed out by
+ * then, to CTAs that wait on nothing the combine holds): tokens by tickets (a warp a
+ * token, in token order); lane j < topk reads route j and waits until done[] counts its
+ * expert's down tiles (lane 0 first the shared expert's, where they run in the launch);
+ * then each lane sums 8 columns at a time over the routes in order (k_combine_rows' steps,
+ * route_rows.cuh). A failed wait (a timeout, recorded in the error word, or a recorded
+ * error) ends the warp's combine, as does dead (one of the warpgroup's waits failed
+ * before). Not inlined: see FfnMega. */
+__device__ __noinline__ void mega_combine(const FfnMegaArgs &f, bool dead) {
+  if (dead) return; /* (a wait of this warpgroup failed: the error word says why) */
+  WaitCtx w = wait_ctx(f.gu); /* (built here, not passed: a struct argument costs the kernel a stack frame) */
+  const FfnMega &m = f.m;
+  const int lane = threadIdx.x & 31, k = m.topk, ru = m.row_u4;
+  uint32_t *done = mega_done(f), *ticket = mega_aux(f) + kMegaComb;
+  bool ok = true;
+  if (m.cbase_wait) {
+    const uint32_t need = 2u * (uint32_t)ffn_kind_tiles<kDownFwd>(f.s.dn, false); /* (warp-wide) */
+    if (lane == 0) ok = ffn_wait_geq(done + f.gu.num_experts, need, MOK_WAIT_MEGA_Y, (uint32_t)f.gu.num_experts, w);
+  }
+  if (!__all_sync(0xffffffffu, ok)) return;
+  for (;;) {
+    int t = 0;
+    if (lane == 0) t = (int)atomicAdd(ticket, 1u);
+    t = __shfl_sync(0xffffffffu, t, 0);
+    if (t >= m.tokens) return;
+    int r = -1;
+    float wt = 0.f;
+    if (lane < k) {
+      r = __ldg(m.route_row + (size_t)t * k + lane);
+      wt = __ldg(m.topk_w + (size_t)t * k + lane);
+      if (r >= 0) {
+        const int e = mega_row_expert(f.gu, r);
+        ok = ffn_wait_geq(done + e, 2u * (uint32_t)ffn_expert_tiles<kDownFwd>(f.dn, e, false), MOK_WAIT_MEGA_Y,
+                          (uint32_t)e, w);
+      }
+    }
+    if (!__all_sync(0xffffffffu, ok)) return; /* (also orders the lanes' acquires before every lane's loads) */
+    /* two 8-column steps a lane at once (u, u + 32), eight routes' loads in flight before
+     * their sums: a warp a token has to keep many loads in flight (the tail's few warps a
+     * SM, where k_combine_rows runs T blocks) */
+    const uint4 *base = m.cbase ? m.cbase + (size_t)t * ru : nullptr;
+    for (int u = lane; u < ru; u += 64) { /* (ru % 32 == 0: H % 256 == 0 for token tiles) */
+      const bool two = u + 32 < ru;
+      float acc[2][8];
+      uint4 b[2];
+      if (base) {
+        b[0] = __ldcg(base + u);
+        if (two) b[1] = __ldcg(base + u + 32);
+      }
+      mok_comb_init(acc[0], base ? &b[0] : nullptr);
+      mok_comb_init(acc[1], base ? &b[1] : nullptr);
+      for (int j0 = 0; j0 < k; j0 += 8) {
+        int rj[8];
+        uint4 v[2][8];
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+          rj[jj] = __shfl_sync(0xffffffffu, r, (j0 + jj) & 31);
+          if (j0 + jj < k && rj[jj] >= 0) {
+            v[0][jj] = __ldcg(m.y + (size_t)rj[jj] * ru + u);
+            if (two) v[1][jj] = __ldcg(m.y + (size_t)rj[jj] * ru + u + 32);
+          }
+        }
+#pragma unroll
+        for (int jj = 0; jj < 8; jj++) {
+          const float wj = __shfl_sync(0xffffffffu, wt, (j0 + jj) & 31);
+          if (j0 + jj < k && rj[jj] >= 0) { /* (routes in order: k_combine_rows' sums) */
+            mok_comb_add(acc[0], v[0][jj], wj);
+            if (two) mok_comb_add(acc[1], v[1][jj], wj);
+          }
+        }
+      }
+      m.out[(size_t)t * ru + u] = mok_comb_pack(acc[0]);
+      if (two) m.out[(size_t)t * ru + u + 32] = mok_comb_pack(acc[1]);
+    }
+  }
+}
+
 /* RING: the stage ring (FfnRing; gemm_ffn.cu compiles both, nothing else includes the
  * kernel's instances). MEGA: the forward megakernel (FfnMega; the last comm_ctas CTAs are
  * comm CTAs), else the fused routed forward alone. */
@@ -528,14 +641,15 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
   } else {
     setmaxnreg_inc<kConsumerRegs>();
     const bool leader = (threadIdx.x & 127) == 0;
-    /* pend: the expert of this warpgroup's last gate+up tile, not yet counted (-1: none;
-     * num_experts: the megakernel's shared expert, counted in s_ready) */
+    /* pend: the counter of this warpgroup's last tile, not yet counted, as an offset from
+     * f.ready (-1: none): ready[e] after a gate+up tile (the megakernel's shared expert:
+     * s_ready), and in the megakernel with the combine done[e] after a down tile */
     int ebuf = 0, pend = -1;
     for (;;) {
       int t, kind;
       if (!gemm_take_slot(slot, sfull, sempty, sp, w, wg, c, t, kind)) break;
       c.k0 = 0;
-      if (pend >= 0) ffn_signal(ffn_ready_ctr<MEGA>(f, pend), leader);
+      if (pend >= 0) ffn_signal(f.ready + pend, leader);
       pend = -1;
       if (__shfl_sync(0xffffffffu, t, 0) < 0) break;
       w.tile = (uint32_t)t;
@@ -544,11 +658,13 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
          * (two call sites a kind spilled a register, or serialised the wgmmas) */
         const GemmTileArgs *ag = &gu, *ad = &dn;
         if (kind & 2) ag = &f.s.gu, ad = &f.s.dn;
+        const int e = kind & 2 ? gu.num_experts : c.expert;
         if (kind & 1) {
           tok_tile_consume<kDownFwd, false, RING, false>(*ad, c, smem, p, w, wg - 1, ebuf);
+          if (f.m.out) pend = (int)(mega_done(f) - f.ready) + e;
         } else {
           tok_tile_consume<kGateUpFwd, false, RING, false>(*ag, c, smem, p, w, wg - 1, ebuf);
-          pend = kind & 2 ? gu.num_experts : c.expert;
+          pend = (int)(ffn_ready_ctr<MEGA>(f, e) - f.ready);
         }
       } else {
         if (kind) {
@@ -559,8 +675,15 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
         }
       }
     }
-    if (pend >= 0) ffn_signal(ffn_ready_ctr<MEGA>(f, pend), leader); /* (a stopped launch: counted anyway) */
+    if (pend >= 0) ffn_signal(f.ready + pend, leader); /* (a stopped launch: counted anyway) */
     gemm_consumer_finish();
+    if constexpr (MEGA) {
+      if (f.m.out) { /* the combine; then the warpgroup together, so that its leader leaves last */
+        mega_combine(f, w.dead);
+        if (wg == 1) named_barrier_sync<1>(128u);
+        else named_barrier_sync<2>(128u);
+      }
+    }
     if (leader) ffn_leave<MEGA>(f);
   }
 }
