@@ -855,6 +855,10 @@ extern "C" mokResult_t mok_gemm_ffn_mega(const mokGemmRows_t *rows, int hidden, 
   }
   if (mega->ctas < 0) return mok_error(NULL, mokInvalidArgument, "%s: ctas %d is negative", fn, mega->ctas);
   MOK_CHECK(check_ptr(fn, "bad", mega->bad));
+  if (mega->push && !mega->row_route)
+    return mok_error(NULL, mokInvalidArgument, "%s: push needs row_route (expert parallel)", fn);
+  if (mega->push && mega->out)
+    return mok_error(NULL, mokInvalidArgument, "%s: push and the combine in the launch exclude each other", fn);
   if (mega->out && mega->tokens > 0) { /* the combine in the launch: one GPU only */
     if (mega->row_route)
       return mok_error(NULL, mokNotSupported, "%s: the combine in the launch is for one GPU (row_tok), not row_route",

@@ -156,6 +156,12 @@ typedef struct mokFfnMega {
   const float *topk_w;      /* [tokens * topk] (device) */
   const mokBf16 *base;
   mokBf16 *out;             /* [tokens, H] (device) */
+  /* Expert parallel (row_route): push 1 sends every y row to its source inside the launch,
+   * route (s, t, j) to slot t * topk + j of the rows that begin push_off bytes after x_src[s]
+   * (mok_ep_push_launch's copy), a row once its expert's down tiles are stored, by the comm
+   * CTAs after their dispatch (they then run no tiles); push 0: the caller pushes after it. */
+  int push;
+  long long push_off;
 } mokFfnMega_t;
 
 /* The forward megakernel's expert part on one GPU (EP1): dispatch, gate+up (SwiGLU) and

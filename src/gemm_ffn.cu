@@ -101,6 +101,11 @@ mokResult_t mok_gemm_ffn_mega_launch(const GemmTileArgs &gu, const GemmTileArgs 
   f.m.bad = mega->bad;
   f.m.row_u4 = hidden / 8;
   f.m.comm_ctas = mega->comm_ctas;
+  if (mega->push) { /* the push in the launch (mok_gemm_ffn_mega checked it) */
+    f.m.push = 1;
+    f.m.push_off = mega->push_off;
+    f.m.y = reinterpret_cast<const uint4 *>(y);
+  }
   if (mega->out && mega->tokens > 0) { /* the combine in the launch (mok_gemm_ffn_mega checked it) */
     f.m.route_row = mega->route_row;
     f.m.topk_w = mega->topk_w;

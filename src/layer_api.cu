@@ -137,6 +137,8 @@ static mokResult_t gpu_alloc(mokLayer_t l) {
     g->mega_shared = !(ms && !strcmp(ms, "0"));
     const char *mb = getenv("MOK_MEGA_COMBINE");
     g->mega_combine = !(mb && !strcmp(mb, "0"));
+    const char *mp = getenv("MOK_MEGA_PUSH");
+    g->mega_push = mp && !strcmp(mp, "1");
   }
   if (N > 1 && (cudaMalloc((void **)&g->d_ep_scratch, 4 * (size_t)mok_schedule_local_scratch((int)E)) != cudaSuccess ||
                 cudaMalloc((void **)&g->d_ep_rowtok, 4 * (size_t)(T * k + 1)) != cudaSuccess ||

@@ -89,6 +89,8 @@ struct mok_gpu_layer {
   int mega_ctas;         /* MOK_MEGA_CTAS (diagnostics): the megakernel's CTAs, else 0 (mega_ctas' rule) */
   int mega_shared;       /* the shared expert as tiles of the launch where it can (MOK_MEGA_SHARED=0: cuBLAS) */
   int mega_combine;      /* one GPU: the combine in the forward megakernel (MOK_MEGA_COMBINE=0: its own launch) */
+  int mega_push;         /* N > 1: the y rows pushed to their sources inside the megakernel (MOK_MEGA_PUSH=1;
+                            off by default until timed on two GPUs) */
   int fwd_shared_in;     /* the last forward (mokImplMega) ran the shared expert as tiles of its launch:
                             the backward runs it on mok's GEMMs too, with no host wait */
   /* mokImplMega at N > 1 (stage A, mega_ep_forward): the send order's schedule over the E

@@ -447,14 +447,20 @@ mokResult_t mok_lg_mega_ep_forward(mokLayer_t l, const mokRankInput_t *in, const
   mokFfnMega_t m;
   memset(&m, 0, sizeof m);
   m.row_route = g->d_row_tok, m.x_src = g->d_xsrc, m.num_src = N, m.t_max = Tm, m.topk = k;
+  /* 5. every y row to its source's COMB slot: inside the launch (MOK_MEGA_PUSH=1: the comm
+   * CTAs push an expert's rows once its down tiles are stored), or after it */
+  m.push = g->mega_push;
+  m.push_off = (long long)off[MOK_EP_COMB] - (long long)off[MOK_EP_X]; /* (every rank's window alike) */
   MOK_CHECK(mega_launch(l, in, w, shared_in, &rows, &m, st));
-  /* 5. every y row to its source's COMB slot; the slot map of this rank's routes */
-  mokEpPush_t p;
-  memset(&p, 0, sizeof p);
-  p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
-  p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
-  for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[MOK_EP_COMB]);
-  MOK_CHECK(mok_ep_push_launch(&p, st));
+  if (!m.push) {
+    mokEpPush_t p;
+    memset(&p, 0, sizeof p);
+    p.num_ranks = N, p.t_max = Tm, p.topk = k, p.hidden = H, p.max_rows = g->cap;
+    p.row_route = g->d_row_tok, p.rows = g->d_seg + 2 * El, p.flag = g->d_bad, p.y = g->yp;
+    for (int q = 0; q < N; q++) p.dst[q] = (mokBf16 *)(base[q] + off[MOK_EP_COMB]);
+    MOK_CHECK(mok_ep_push_launch(&p, st));
+  }
+  /* the slot map of this rank's routes */
   if (T) MOK_CHECK(mok_ep_slots_launch(in->topk_idx, (int64_t)T * k, g->d_route_row, NULL, st));
   MOK_CHECK(ep_barrier(l, st));
   /* every rank's pass flag (a rank whose rows overflowed its capacity pushed nothing) */

@@ -397,6 +397,21 @@ MOK_GPU_TEST(layer_mega_recv_capacity_loopback, 1) {
   if (!t->failed) routings_on(t, 4, mokImplMega, 1, 1);
 }
 MOK_GPU_TEST(layer_mega_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplMega); }
+/* ... with the y rows pushed to their sources inside the megakernel (MOK_MEGA_PUSH=1: the
+ * comm CTAs push an expert's rows once its down tiles are stored), on 2 and 4 loopback
+ * ranks with and without a receive capacity, and on 2 GPUs */
+static void push_in_launch(test_ctx *t, int N, int loopback) {
+  test_env_saved saved;
+  test_env_set("MOK_MEGA_PUSH", "1", &saved);
+  routings_on(t, N, mokImplMega, loopback, 0);
+  if (!t->failed) routings_on(t, N, mokImplMega, loopback, 1);
+  test_env_restore("MOK_MEGA_PUSH", &saved);
+}
+MOK_GPU_TEST(layer_mega_push_in_launch_loopback, 1) {
+  push_in_launch(t, 2, 1);
+  if (!t->failed) push_in_launch(t, 4, 1);
+}
+MOK_GPU_TEST(layer_mega_push_in_launch_2gpu, 2) { push_in_launch(t, 2, 0); }
 
 /* mokImplMega against mokImplNccl on the same data: the same GEMM tiles, the same combine
  * operations and the same backward, so every output bitwise equal. */

@@ -78,6 +78,11 @@ struct FfnMega {
   uint4 *out;               /* [tokens, H] */
   int tokens;
   int cbase_wait;           /* cbase is the shared expert's s_y, stored by the launch's S1 tiles */
+  /* expert parallel (row_route): the push of the y rows to their sources' combine slots
+   * inside the launch (push 0: the layer's own launch after it); source s's slots lie
+   * push_off bytes after its x_src[s] (the window's layout is the same on every rank) */
+  int push;
+  long long push_off;
 };
 constexpr int kMegaChunk = 8; /* rows a dispatch ticket (segments are multiples of 64) */
 
@@ -122,10 +127,10 @@ enum FfnCtr { kCtrTicket = 0, kCtrLeft = 4, kFfnCounters = 8 };
  * combine's token ticket, then done[num_experts + 1] (down warpgroup tiles stored, per
  * expert; the shared expert's last). */
 __device__ __forceinline__ uint32_t *mega_ctr(const FfnArgs &f) { return f.ready + f.gu.num_experts + kFfnCounters; }
-enum MegaCtr { kMegaTicket = 0, kMegaS0 = 1, kMegaS1 = 2, kMegaSReady = 3, kMegaComb = 4, kMegaCounters = 5 };
+enum MegaCtr { kMegaTicket = 0, kMegaS0 = 1, kMegaS1 = 2, kMegaSReady = 3, kMegaComb = 4, kMegaPush = 5, kMegaCounters = 6 };
 /* The megakernel's counters after x_ready (MegaCtr). */
 __device__ __forceinline__ uint32_t *mega_aux(const FfnArgs &f) { return mega_ctr(f) + f.gu.num_experts; }
-/* done[num_experts + 1], after them. */
+/* done[num_experts + 1], after them (counted where the combine or the push runs in the launch). */
 __device__ __forceinline__ uint32_t *mega_done(const FfnArgs &f) { return mega_aux(f) + kMegaCounters; }
 /* Words of a launch's counters: the fused launch's, and the megakernel's after them. */
 __host__ __device__ constexpr int ffn_counter_words(int num_experts, bool mega) {
@@ -423,7 +428,53 @@ __device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const
   }
 }
 
-/* A comm CTA, every thread: the dispatch; then (the caller) it joins the down tiles. */
+/* The push (expert parallel, push on), a comm CTA once it dispatched, every warp: chunks of
+ * kMegaChunk rows by tickets in the order the down tiles take the experts (cpre and order
+ * as mega_dispatch left them in shared memory, from the order's head), a chunk once every
+ * down tile of its expert is stored (done[e]; bounded), its routed rows copied to their
+ * sources' combine slots, route (s, t, j) to slot t * topk + j of source s (k_ep_push's
+ * copy; padding rows skipped). The rows leave while other experts' down tiles still run:
+ * the NVLink transfer under the compute. */
+__device__ __forceinline__ void mega_push(const FfnArgs &f, const int *cpre, const uint16_t *order) {
+  const GemmTileArgs &a = f.gu;
+  const int E = a.num_experts, lane = threadIdx.x & 31, ru = f.m.row_u4, k = f.m.topk;
+  uint32_t *done = mega_done(f), *ticket = mega_aux(f) + kMegaPush;
+  WaitCtx w = wait_ctx(a);
+  const int total = cpre[E];
+  for (;;) {
+    int i = 0;
+    if (lane == 0) i = (int)atomicAdd(ticket, 1u);
+    i = __shfl_sync(0xffffffffu, i, 0);
+    if (i >= total) return;
+    int lo = 0, hi = E - 1; /* the last position p with cpre[p] <= i (as mega_dispatch) */
+    while (lo < hi) {
+      const int mid = (lo + hi + 1) >> 1;
+      if (cpre[mid] <= i) lo = mid;
+      else hi = mid - 1;
+    }
+    const int e = order ? order[lo] : lo;
+    bool ok = true;
+    if (lane == 0)
+      ok = ffn_wait_geq(done + e, 2u * (uint32_t)ffn_expert_tiles<kDownFwd>(f.dn, e, false), MOK_WAIT_MEGA_Y,
+                        (uint32_t)e, w);
+    if (!__shfl_sync(0xffffffffu, ok, 0)) return; /* (also orders lane 0's acquire before the lanes' loads) */
+    const int r0 = __ldg(a.expert_offset + e) + (i - cpre[lo]) * kMegaChunk;
+    for (int r = r0; r < r0 + kMegaChunk; ++r) {
+      const int q = __ldg(f.m.row_route + r);
+      if (q < 0) continue;
+      const int j = q % k, tt = q / k, t = tt % f.m.t_max, src = tt / f.m.t_max; /* (mok_route_decode) */
+      const uint4 *y = f.m.y + (size_t)r * ru;
+      uint4 *d = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(const_cast<uint4 *>(f.m.x_src[src])) +
+                                           f.m.push_off) +
+                 ((size_t)t * k + j) * ru;
+#pragma unroll 4
+      for (int u = lane; u < ru; u += 32) d[u] = __ldcg(y + u);
+    }
+  }
+}
+
+/* A comm CTA, every thread: the dispatch; then (the caller) it joins the down tiles, or
+ * with the push on it pushes the rows (and runs no tiles). */
 template <int ORDER_OFFSET>
 __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool order_on, bool tickets) {
   int T0, C0, P0; /* (warp 0: the counts are warp-wide) */
@@ -435,6 +486,9 @@ __device__ __forceinline__ void mega_comm_cta(const FfnArgs &f, char *smem, bool
   __syncthreads();
   mega_dispatch(f, reinterpret_cast<int *>(smem), order_on ? reinterpret_cast<const uint16_t *>(smem + ORDER_OFFSET)
                                                           : nullptr, split);
+  if (f.m.push)
+    mega_push(f, reinterpret_cast<const int *>(smem),
+              order_on ? reinterpret_cast<const uint16_t *>(smem + ORDER_OFFSET) : nullptr);
   fence_proxy_async_shared(); /* stage 0's generic reads and writes before its first TMA load */
   __syncthreads();
 }
@@ -577,14 +631,15 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
       ffn_phase_counts<kDownFwd>(dn, true, false, T1, C1, P1, ffn_ctas<MEGA>(f));
       if (threadIdx.x == 0) {
         z->T[0] = T0, z->C[0] = C0, z->P[0] = P0, z->T[1] = T1, z->C[1] = C1, z->P[1] = P1;
-        z->phase = late ? 1 : 0, z->q = late ? P1 > 0 && (int)blockIdx.x < P1 : P0 > 0 && (int)blockIdx.x < P0;
+        z->phase = late ? (MEGA && f.m.push ? 2 : 1) : 0; /* (a comm CTA that pushed: no tiles) */
+        z->q = late ? P1 > 0 && (int)blockIdx.x < P1 : P0 > 0 && (int)blockIdx.x < P0;
         z->stole = 0;
         z->tickets = tickets, z->next = (int)blockIdx.x;
       }
       if constexpr (MEGA) {
         const int ts0 = f.s.on ? ffn_kind_tiles<kGateUpFwd>(f.s.gu, false) : 0;
         const int ts1 = f.s.on ? ffn_kind_tiles<kDownFwd>(f.s.dn, false) : 0;
-        if (threadIdx.x == 0) z->TS[0] = ts0, z->TS[1] = ts1, z->sphase = late ? 2 : 0;
+        if (threadIdx.x == 0) z->TS[0] = ts0, z->TS[1] = ts1, z->sphase = late ? (f.m.push ? 3 : 2) : 0;
       }
     }
     if (threadIdx.x == 0) {
@@ -661,7 +716,7 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
         const int e = kind & 2 ? gu.num_experts : c.expert;
         if (kind & 1) {
           tok_tile_consume<kDownFwd, false, RING, false>(*ad, c, smem, p, w, wg - 1, ebuf);
-          if (f.m.out) pend = (int)(mega_done(f) - f.ready) + e;
+          if (f.m.out || f.m.push) pend = (int)(mega_done(f) - f.ready) + e;
         } else {
           tok_tile_consume<kGateUpFwd, false, RING, false>(*ag, c, smem, p, w, wg - 1, ebuf);
           pend = (int)(ffn_ready_ctr<MEGA>(f, e) - f.ready);
