@@ -362,6 +362,24 @@ __device__ __forceinline__ bool mega_next_tile(const FfnMegaArgs &f, GemmCursor 
 }
 
 /* ---- the megakernel's comm CTAs ---------------------------------------------------------- */
+/* A ticket from *ctr for the whole warp: lane 0 takes it, every lane gets it. */
+__device__ __forceinline__ int warp_ticket(uint32_t *ctr) {
+  int i = 0;
+  if ((threadIdx.x & 31) == 0) i = (int)atomicAdd(ctr, 1u);
+  return __shfl_sync(0xffffffffu, i, 0);
+}
+/* The order position whose chunks hold chunk i (cpre[p]: the chunks before position p, E
+ * positions): the last p with cpre[p] <= i (an empty expert's is its successor's). */
+__device__ __forceinline__ int mega_chunk_pos(const int *cpre, int E, int i) {
+  int lo = 0, hi = E - 1;
+  while (lo < hi) {
+    const int mid = (lo + hi + 1) >> 1;
+    if (cpre[mid] <= i) lo = mid;
+    else hi = mid - 1;
+  }
+  return lo;
+}
+
 /* A comm CTA's dispatch, every warp: chunks of kMegaChunk rows by tickets, in the order the
  * gate+up tiles take the experts (order: the ranked order, or NULL: index order); where
  * the split mix order runs the one-tile experts (the order's tail) on CTAs of their own
@@ -385,17 +403,10 @@ __device__ __forceinline__ void mega_dispatch(const FfnArgs &f, int *cpre, const
   uint32_t *x_ready = mega_ctr(f), *ticket = mega_aux(f) + kMegaTicket;
   const int total = cpre[E];
   for (;;) {
-    int i = 0;
-    if (lane == 0) i = (int)atomicAdd(ticket, 1u);
-    i = __shfl_sync(0xffffffffu, i, 0);
+    int i = warp_ticket(ticket);
     if (i >= total) break;
     if (split) i = i & 1 ? total - 1 - (i >> 1) : i >> 1;
-    int lo = 0, hi = E - 1; /* the last position p with cpre[p] <= i (an empty expert's is its successor's) */
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (cpre[mid] <= i) lo = mid;
-      else hi = mid - 1;
-    }
+    const int lo = mega_chunk_pos(cpre, E, i);
     const int e = order ? order[lo] : lo;
     const int r0 = __ldg(a.expert_offset + e) + (i - cpre[lo]) * kMegaChunk;
     for (int r = r0; r < r0 + kMegaChunk; ++r) {
@@ -442,16 +453,9 @@ __device__ __forceinline__ void mega_push(const FfnArgs &f, const int *cpre, con
   WaitCtx w = wait_ctx(a);
   const int total = cpre[E];
   for (;;) {
-    int i = 0;
-    if (lane == 0) i = (int)atomicAdd(ticket, 1u);
-    i = __shfl_sync(0xffffffffu, i, 0);
+    const int i = warp_ticket(ticket);
     if (i >= total) return;
-    int lo = 0, hi = E - 1; /* the last position p with cpre[p] <= i (as mega_dispatch) */
-    while (lo < hi) {
-      const int mid = (lo + hi + 1) >> 1;
-      if (cpre[mid] <= i) lo = mid;
-      else hi = mid - 1;
-    }
+    const int lo = mega_chunk_pos(cpre, E, i);
     const int e = order ? order[lo] : lo;
     bool ok = true;
     if (lane == 0)
@@ -527,9 +531,7 @@ __device__ __noinline__ void mega_combine(const FfnMegaArgs &f, bool dead) {
   }
   if (!__all_sync(0xffffffffu, ok)) return;
   for (;;) {
-    int t = 0;
-    if (lane == 0) t = (int)atomicAdd(ticket, 1u);
-    t = __shfl_sync(0xffffffffu, t, 0);
+    const int t = warp_ticket(ticket);
     if (t >= m.tokens) return;
     int r = -1;
     float wt = 0.f;
