@@ -41,6 +41,7 @@
 #include "comm_device.cuh" /* defines: ld_acquire_gpu_u32, red_release_gpu_add_u32 */
 #include "gemm/grouped_gemm.cuh"
 #include "route_rows.cuh" /* defines: mok_comb_init, mok_comb_add, mok_comb_pack */
+#include "schedule.h"     /* defines: mok_route_decode */
 
 namespace mok_sm90 {
 
@@ -466,7 +467,8 @@ __device__ __forceinline__ void mega_push(const FfnArgs &f, const int *cpre, con
     for (int r = r0; r < r0 + kMegaChunk; ++r) {
       const int q = __ldg(f.m.row_route + r);
       if (q < 0) continue;
-      const int j = q % k, tt = q / k, t = tt % f.m.t_max, src = tt / f.m.t_max; /* (mok_route_decode) */
+      int src, t, j;
+      mok_route_decode(q, f.m.t_max, k, &src, &t, &j);
       const uint4 *y = f.m.y + (size_t)r * ru;
       uint4 *d = reinterpret_cast<uint4 *>(reinterpret_cast<char *>(const_cast<uint4 *>(f.m.x_src[src])) +
                                            f.m.push_off) +
