@@ -1,11 +1,10 @@
 #!/usr/bin/env bash
-# gpu-next.sh — one device call for what sessions 38-39 left open (docs/PERF.md): (1) the full C
-# suite (its loopback test prints each rank's host steps and control block if a run fails;
-# session 39's last commits, not GPU-run: the clamp limit kept clear in test_layer_gpu.c,
-# mokLayerTrim's error path, mok_clamp_boundary) and the Python binding's tests (contexts,
-# trim, the training example); (2) on an H200 only, issue 5's lines (gpu-s36.sh's GEMM part,
-# REPS runs). PREBUILT=1: build/mok, build/mok_tests, build/libmok.so carried (run's
-# carry), no build here. Short lines last; logs under $OUT.
+# gpu-next.sh — one device call for what session 40 left open (docs/PERF.md): (1) the full C
+# suite (not GPU-run yet: ep_mega_dispatch_from_sources's push check, mokFfnMega_t.push at the
+# launch's level) and the Python binding's tests; (2) on an H200 only, issue 5's lines
+# (gpu-s36.sh's GEMM part, REPS runs). With two GPUs, scripts/gpu-mega-ep.sh times the push
+# inside the launch (MOK_MEGA_PUSH) at N = 2. PREBUILT=1: build/mok, build/mok_tests,
+# build/libmok.so carried (run's carry), no build here. Short lines last; logs under $OUT.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/next-out}; mkdir -p "$OUT"

@@ -278,9 +278,13 @@ MOK_GPU_TEST(ep_pull_dy_from_sources, 1) {
  * q's schedule composed on the host; the megakernel on a share of the SMs gathers every
  * row from its source (xg bitwise the host's gather, padding rows zero), and its act, gu
  * and y are bitwise mok_gemm_ffn_fwd's on the host-gathered rows (that call is checked
- * against float64 in test_gemm.cu). */
+ * against float64 in test_gemm.cu). Then with the push on (mokFfnMega_t.push): every y
+ * row lands in its source's slot t k + j, which lie push_off bytes after the source's x
+ * (one allocation a source, as a window holds both), bitwise the launch's y; the slots
+ * of routes to other ranks, or dropped, keep what they held. */
 static void mega_src_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax, int ctas, int comm_ctas, int hot) {
   const int H = 256, I = 128, P = MOK_GEMM_ROW_PAD, E = N * El, q = rng_int(r, N);
+  const int64_t xrows = (int64_t)Tmax + 1, xslots = xrows + (int64_t)Tmax * k; /* a source's rows, then its slots */
   int T[8];
   int32_t *idx[8] = {0}, *cnt[8] = {0}, *off[8] = {0}, *order[8] = {0};
   mokBf16 *x[8] = {0}, *d_x[8] = {0};
@@ -298,7 +302,7 @@ static void mega_src_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax,
     CHECK(mok_sched_send(idx[s], T[s], k, E, cnt[s], off[s], order[s]) == -1);
     x[s] = (mokBf16 *)malloc(2 * ((size_t)T[s] + 1) * H);
     for (int64_t i = 0; i < ((int64_t)T[s] + 1) * H; i++) x[s][i] = mok_f32_to_bf16((float)rng_sym(r));
-    CUDA_CHECK(cudaMalloc(&d_x[s], 2 * ((size_t)T[s] + 1) * H));
+    CUDA_CHECK(cudaMalloc(&d_x[s], 2 * (size_t)xslots * H)); /* [x: Tmax + 1 rows | slots: Tmax k rows] */
     CUDA_CHECK(cudaMemcpy(d_x[s], x[s], 2 * ((size_t)T[s] + 1) * H, cudaMemcpyHostToDevice));
   }
   const int64_t cap = ((int64_t)N * Tmax * k + (int64_t)El * (P - 1) + P) / P * P;
@@ -367,8 +371,45 @@ static void mega_src_case(test_ctx *t, rng_t *r, int N, int El, int k, int Tmax,
       CHECK_MSG(!memcmp(got, want, per[o] * (size_t)used), "N %d El %d k %d ctas %d: %s differs from "
                 "mok_gemm_ffn_fwd's on the gathered rows", N, El, k, ctas, name[o]);
     }
+    /* the push: each source's slots poisoned, then filled by the launch where this rank's rows go */
+    mokBf16 *y = (mokBf16 *)malloc(2 * ((size_t)used + 1) * H), *slot = (mokBf16 *)malloc(2 * (size_t)Tmax * k * H + 2);
+    CUDA_CHECK(cudaMemcpy(y, d_out[2], 2 * (size_t)used * H, cudaMemcpyDeviceToHost));
+    for (int s = 0; s < N; s++) CUDA_CHECK(cudaMemset(d_x[s] + xrows * H, 0xff, 2 * (size_t)Tmax * k * H));
+    m.push = 1, m.push_off = 2 * (long long)xrows * H;
+    CHECK_OK(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0));
+    CUDA_CHECK(cudaDeviceSynchronize());
+    int64_t pushed = 0, routed = 0;
+    for (int s = 0; s < N && !t->failed; s++) {
+      CUDA_CHECK(cudaMemcpy(slot, d_x[s] + xrows * H, 2 * (size_t)Tmax * k * H, cudaMemcpyDeviceToHost));
+      int64_t *from = (int64_t *)malloc(8 * ((size_t)Tmax * k + 1)); /* the row each slot should hold, -1: none */
+      for (int64_t i = 0; i < (int64_t)Tmax * k; i++) from[i] = -1;
+      for (int64_t i = 0; i < used; i++)
+        if (rr[i] >= 0 && rr[i] / k / Tmax == s) from[(int64_t)(rr[i] / k % Tmax) * k + rr[i] % k] = i;
+      for (int64_t sl = 0; sl < (int64_t)Tmax * k && !t->failed; sl++) {
+        const mokBf16 *g = slot + sl * H;
+        if (from[sl] >= 0) {
+          routed++;
+          pushed += !memcmp(g, y + from[sl] * H, 2 * (size_t)H);
+          CHECK_MSG(!memcmp(g, y + from[sl] * H, 2 * (size_t)H), "N %d rank %d: source %d slot %lld: not row %lld's y",
+                    N, q, s, (long long)sl, (long long)from[sl]);
+        } else {
+          int untouched = 1;
+          for (int h = 0; h < H; h++) untouched &= g[h] == 0xffff;
+          CHECK_MSG(untouched, "N %d rank %d: source %d slot %lld: written, but no row of this rank is its route", N, q,
+                    s, (long long)sl);
+        }
+      }
+      free(from);
+    }
+    CHECK_MSG(pushed == routed, "N %d: %lld of %lld routed rows pushed", N, (long long)pushed, (long long)routed);
+    free(y), free(slot);
+    m.push = 0, m.push_off = 0;
     free(got), free(want);
     /* refused before anything runs */
+    m.push = 1, m.out = d_out[3], m.tokens = 1; /* (the push is expert parallel, the combine in the launch one GPU) */
+    CHECK_STATUS(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0),
+                 mokInvalidArgument);
+    m.push = 0, m.out = NULL, m.tokens = 0;
     m.num_src = 0;
     CHECK_STATUS(mok_gemm_ffn_mega(&rows, H, I, 0.f, d_xg, wg, wu, wd, d_out[0], d_out[1], d_out[2], &m, 0),
                  mokInvalidArgument);
