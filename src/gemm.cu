@@ -259,6 +259,9 @@ static int g_eager_rows = -1; /* token tiles freeing each stage after its MMAs: 
 static int g_tok_ring = 0; /* forward down token tiles alone: 0 = tok_ring_rule, 1 = 128-row stages with an
                              epilogue area (tiles of <= 128 rows), 2 = 176-row stages (mok_gemm_debug_tok_ring) */
 static int g_ddown_tok = 0; /* experiment: down dgrad on token tiles: 0 = rule (off), 1 = on, 2 = off */
+static int g_gu_rows = 0;   /* forward gate+up where token tiles run: 0 = the rules, 1 = row-grouped tiles
+                               (diagnostics), 2 = token tiles, 128-row ones with the rows as N, 3 = token
+                               tiles, 128-row ones with the rows as M (mok_gemm_debug_gu_rows) */
 static int g_mix_ctas = 0; /* mix order: CTAs split by class (GemmTileArgs::mix_ctas): 0 = the rule, -1 = no split */
 static int g_grid_ctas = 0; /* diagnostics: at most this many CTAs a launch (0 = one an SM; mok_gemm_debug_grid) */
 static unsigned long long *g_trace = NULL; /* token-tile trace buffer (mok_gemm_debug_trace) */
@@ -432,6 +435,22 @@ extern "C" mokResult_t mok_gemm_debug_tok_ring(int mode) {
 
 extern "C" mokResult_t mok_gemm_debug_ddown_tok(int mode) {
   return set_mode_knob(&g_ddown_tok, mode, 2, "mok_gemm_debug_ddown_tok");
+}
+
+extern "C" mokResult_t mok_gemm_debug_gu_rows(int mode) {
+  return set_mode_knob(&g_gu_rows, mode, 3, "mok_gemm_debug_gu_rows");
+}
+
+/* Gate+up token tiles of exactly 128 rows with the rows as wgmma M (tok_consume_rows_m):
+ * on. One H100, three processes each in turns against the rows as N (docs/PERF.md, session
+ * 41): ours / cuBLAS deepseek-v4-pro R256 (2 x 128 rows) 0.988-0.993 against 0.972-0.974,
+ * qwen3.5 R512 0.928-0.929 against 0.917-0.918, glm-5.2 R512 +0.7 points, kimi R512 and
+ * deepseek-v4-pro R512 level; shapes without 128-row tiles (qwen3.5 R320) and Zipf level,
+ * against the parent tree's binary too (the code costs the other tiles nothing). */
+static int rows_m_rule(void) {
+  const int knob = __atomic_load_n(&g_gu_rows, __ATOMIC_RELAXED);
+  if (knob >= 2) return knob == 3;
+  return 1;
 }
 
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
@@ -681,6 +700,14 @@ static mokResult_t gateup_fwd_args(const char *fn, const mokGemmRows_t *rows, in
   MOK_CHECK(check_ptr(fn, "act", act));
   if (gu) MOK_CHECK(check_ptr(fn, "gu", gu));
   MOK_CHECK(mok_gemm_tile_shape(mokGemmGateUpFwd, hidden, inter, &ts));
+  if (ts.token && __atomic_load_n(&g_gu_rows, __ATOMIC_RELAXED) == 1) { /* the shape of I % 128 != 0 */
+    static const int half[2] = {128, 64};
+    ts.token = 0;
+    ts.bm = kBM;
+    ts.out_cols = pick_width(inter, half, 2);
+    ts.bn = 2 * ts.out_cols;
+    plan_for<kGateUpFwd>(ts.bn, &ts.stages, &ts.smem_bytes);
+  }
   a = base_args(rows);
   const uint64_t E = (uint64_t)rows->num_experts;
   const uint32_t out_box = ts.token ? 32 : 64; /* token tiles: 32-row boxes (and 16 below) */
@@ -711,6 +738,7 @@ static mokResult_t gateup_fwd_args(const char *fn, const mokGemmRows_t *rows, in
   if (!a.gu_boxes) a.tm_aux = a.tm_out0; /* (else the 4-D or 3-D weight map) */
   a.save_gu = gu != NULL;
   a.limit = swiglu_limit;
+  a.rows_m = ts.token ? rows_m_rule() : 0;
   a.mix = mix_rule(mokGemmGateUpFwd);
   a.stagger = stagger_rule();
   return mokSuccess;

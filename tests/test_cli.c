@@ -85,6 +85,7 @@ MOK_TEST(cli_bad_arguments_exit_2) {
       {"bench gemm --routing zipf:1.2,sideways", "--routing zipf:S[,shuffled|,reversed]"},
       {"bench gemm --routing zipf:0", "--routing uniform|zipf:S"},
       {"bench gemm --ddown-tok maybe", "--ddown-tok on|off"},
+      {"bench gemm --gu-tiles cols", "--gu-tiles grouped|token-n|token-m"},
       {"bench gemm --seed x1", "--seed N|clock"},
       {"bench gemm --seed -3", "--seed N|clock"},
       {"bench gemm --vs-balanced maybe", "--vs-balanced on|off"},

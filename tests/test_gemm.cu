@@ -77,6 +77,7 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_stagger(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_cold_evict(-1), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_gu_rows(4), mokInvalidArgument);
   {
     unsigned long long l = 0;
     CHECK_STATUS(mok_gemm_debug_lean_launches(NULL, &l), mokInvalidArgument);
@@ -715,6 +716,41 @@ MOK_GPU_TEST(gemm_gpu_ddown_token_tiles, 1) {
     CHECK_OK(mok_gemm_debug_ddown_tok(1));
     const char *err = run_case(&cases[i], test_seed() ^ 0xdd70c ^ (uint64_t)i);
     CHECK_OK(mok_gemm_debug_ddown_tok(0));
+    CHECK_MSG(err == NULL, "case %d: %s", i, err);
+  }
+}
+
+MOK_GPU_TEST(gemm_gpu_gateup_row_tiles, 1) {
+  /* The diagnostics knob mok_gemm_debug_gu_rows: the forward gate+up of an I % 128 == 0
+   * shape on the row-grouped 128-row tiles (rows as wgmma M, 64-row tails) instead of token
+   * tiles, the whole chain checked against float64: every tile width with and without
+   * expert counts, and a SwiGLU limit on a hot expert. */
+  static const int counts[15] = {0, 1, 20, 40, 64, 70, 90, 100, 128, 140, 150, 170, 341, 300, 1000};
+  static const int hot[3] = {0, 700, 33};
+  const gemm_case cases[3] = {{15, 512, 256, counts, 0.0f, 24, 32, 0}, {15, 512, 256, counts, 0.0f, 24, 32, 1},
+                              {3, 256, 256, hot, 1.0f, 40, 0, 0}};
+  for (int i = 0; i < 3; ++i) {
+    CHECK_OK(mok_gemm_debug_gu_rows(1));
+    const char *err = run_case(&cases[i], test_seed() ^ 0x9a70c ^ (uint64_t)i);
+    CHECK_OK(mok_gemm_debug_gu_rows(0));
+    CHECK_MSG(err == NULL, "case %d: %s", i, err);
+  }
+}
+
+MOK_GPU_TEST(gemm_gpu_gateup_rows_m, 1) {
+  /* Gate+up token tiles of exactly 128 rows with the rows as wgmma M (mok_gemm_debug_gu_rows
+   * 3, tok_consume_rows_m) beside the other widths, the whole chain checked against
+   * float64: experts of 128, 256, 384, 512 rows and of 120 and 250 (their last 128-row tile
+   * partly padding), with and without expert counts, and a SwiGLU limit on a hot expert
+   * (cut values saved as +-inf); and the fused forward, whose kernels leave the knob alone. */
+  static const int counts[12] = {128, 256, 120, 250, 512, 100, 0, 384, 1000, 64, 1, 170};
+  static const int hot[3] = {0, 768, 33};
+  const gemm_case cases[4] = {{12, 512, 256, counts, 0.0f, 24, 32, 0, 0}, {12, 512, 256, counts, 0.0f, 24, 32, 1, 0},
+                              {12, 512, 256, counts, 0.0f, 24, 32, 0, 1}, {3, 256, 384, hot, 1.0f, 40, 0, 0, 0}};
+  for (int i = 0; i < 4; ++i) {
+    CHECK_OK(mok_gemm_debug_gu_rows(3));
+    const char *err = run_case(&cases[i], test_seed() ^ 0x9a7e ^ (uint64_t)i);
+    CHECK_OK(mok_gemm_debug_gu_rows(0));
     CHECK_MSG(err == NULL, "case %d: %s", i, err);
   }
 }

@@ -101,7 +101,7 @@ static void usage(void) {
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
-          "                      [--ddown-tok on|off] [--seed N|clock]\n"
+          "                      [--ddown-tok on|off] [--gu-tiles grouped|token-n|token-m] [--seed N|clock]\n"
           "                      [--vs-balanced on|off] [--vs-cublas-zipf on|off] [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off] [--ctas N] [--ffn on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -128,6 +128,9 @@ static void usage(void) {
           "  default auto: the rule, 128 where every expert's tiles are <= 128 rows)\n"
           "  --ctas N: diagnostics, every launch of ours on at most N CTAs (default: one an SM)\n"
           "  --ddown-tok on: experiment, down dgrad on token tiles (default off: 128 x 128 tiles)\n"
+          "  --gu-tiles: forward gate+up on the row-grouped 128-row tiles of I %% 128 != 0 (grouped,\n"
+          "  diagnostics), or on token tiles, those of 128 rows with the rows as wgmma N (token-n) or\n"
+          "  as M (token-m) (default: the library's rule)\n"
           "  --expert-order: token tiles under tickets walk the experts with most rows first (load)\n"
           "  or in index order (index) (default auto: the library's rule)\n"
           "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
@@ -924,6 +927,12 @@ static int bench_main(int argc, char **argv, bench *b) {
     } else if (!strcmp(a, "--ddown-tok")) {
       const int m = !strcmp(v, "on") ? 1 : !strcmp(v, "off") ? 2 : -1;
       if (m < 0 || mok_gemm_debug_ddown_tok(m) != mokSuccess) { fprintf(stderr, "bench gemm: --ddown-tok on|off\n"); return 2; }
+    } else if (!strcmp(a, "--gu-tiles")) {
+      const int m = !strcmp(v, "grouped") ? 1 : !strcmp(v, "token-n") ? 2 : !strcmp(v, "token-m") ? 3 : -1;
+      if (m < 0 || mok_gemm_debug_gu_rows(m) != mokSuccess) {
+        fprintf(stderr, "bench gemm: --gu-tiles grouped|token-n|token-m\n");
+        return 2;
+      }
     } else if (!strcmp(a, "--gu-box")) {
       gu_box = !strcmp(v, "one") ? 1 : !strcmp(v, "four") ? 2 : !strcmp(v, "two") ? 3 : -1;
       if (gu_box < 0) { fprintf(stderr, "bench gemm: --gu-box one|two|four\n"); return 2; }

@@ -392,7 +392,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
       w.tile = (uint32_t)t;
       if constexpr (TOK != 0) {
         if (K::trace(a) && threadIdx.x == 128) tile_trace_start(c, smem + TC::kBarOffset, t);
-        tok_tile_consume<KIND, TOK == 2, kRing, DIAG>(a, c, smem, p, w, wg - 1, ebuf);
+        tok_tile_consume<KIND, TOK == 2, kRing, DIAG, true>(a, c, smem, p, w, wg - 1, ebuf);
         if (K::trace(a) && threadIdx.x == 128) tile_trace_end(a, smem + TC::kBarOffset);
       }
       else gemm_tile_consume<KIND, BN>(a, c, smem, p, st, w, wg - 1);

@@ -513,9 +513,110 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
 }
 
+/* Gate+up token tiles of exactly 128 rows with the rows as wgmma M (a.rows_m; docs/PERF.md,
+ * session 41): each warpgroup multiplies its 64 rows by all 256 weight rows of the stage,
+ * one m64n256k16 a k16 step, where the rows as N (tok_consume_nt) take two m64n128k16,
+ * each reading the tile's 128 rows again: per k16 step the SM's shared-memory reads drop
+ * from 24 to 20 KB. The stage is the token tiles' (256 weight rows, then the rows), so
+ * the producer does not change; the accumulators are [64 rows x 256 weight rows] as in
+ * the row-grouped tiles (per 64 outputs 64 gate, then the same 64 up columns), staged
+ * without a transpose and stored as two 32-row boxes. Both warpgroups read every weight
+ * row of the last stage, so they meet (named barrier 3) before either stages its
+ * epilogue in its half of that stage's weight rows. */
+template <bool LIMIT, bool DIAG>
+__device__ __forceinline__ void tok_epilogue_rows_m(const GemmTileArgs &a, const TileCoord &c, uint32_t region,
+                                                    int wg, const float (&acc)[128]) {
+  const float L = a.limit;
+  const bool leader = (threadIdx.x & 127) == 0;
+  const int row0 = c.m0 + 64 * wg;
+  if (TokKnobs<DIAG>::epi_debug(a) == 2) return;
+  int buf = 0;
+#pragma unroll
+  for (int cc = 0; cc < 2; ++cc) { /* outputs c.n0 + 64 cc: gate groups 16 cc .. +7, up 16 cc + 8 .. +15 */
+    const int col = c.n0 + 64 * cc;
+    if (col >= a.n_out) break;
+#pragma unroll
+    for (int pass = 0; pass < 3; ++pass) { /* 0: act; 1: g; 2: u (saved context) */
+      if (pass > 0 && !a.save_gu) break;
+      uint32_t v[8][2];
+#pragma unroll
+      for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+        for (int h = 0; h < 2; ++h) {
+          const int j = 16 * cc + jj;
+          const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+          const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
+          v[jj][h] = pass == 0   ? swiglu_h<LIMIT>(L, g0, g1, u0, u1)
+                     : pass == 1 ? gu_pack<LIMIT>(L, -INFINITY, g0, g1)
+                                 : gu_pack<LIMIT>(L, -L, u0, u1);
+        }
+      const uint32_t b = region + buf * kTokBufBytes;
+      tok_piece_open(leader, wg);
+      stage_bf16(b, v);
+      fence_proxy_async_shared();
+      wg_sync(wg);
+      if (leader && TokKnobs<DIAG>::epi_debug(a) != 1) {
+        const CUtensorMap *m = pass == 0 ? &a.tm_out0 : &a.tm_out1;
+        const int x = pass == 2 ? a.n_out + col : col;
+        tma_store_2d(m, b, x, row0);
+        tma_store_2d(m, b + 2 * kTokUnit * 128, x, row0 + 2 * kTokUnit);
+        bulk_commit_group();
+      }
+      buf ^= 1;
+    }
+  }
+  if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
+}
+
+template <bool PAIR, int RING, bool DIAG>
+__device__ __forceinline__ void tok_consume_rows_m(const GemmTileArgs &a, const TileCoord &c, char *smem,
+                                                   PipeState &p, WaitCtx &w, int wg, int k_blocks) {
+  using TC = TokConfig<kGateUpFwd, RING>;
+  static_assert(TC::kEpiBytes == 0 && !PAIR, "rows as M: the 176-row ring's epilogue in the last stage, no pairs");
+  uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
+  uint64_t *empty = full + TC::kStages;
+  const bool leader = (threadIdx.x & 127) == 0;
+  float acc[128];
+#pragma unroll
+  for (int i = 0; i < 128; ++i) acc[i] = 0.f;
+  int prev = 0;
+  unsigned long long *const sclk = TokKnobs<DIAG>::sclk(a); /* (as tok_consume_nt) */
+  const bool clk = sclk && threadIdx.x == 128;
+  for (int kb = 0; kb < k_blocks; ++kb) {
+    const uint32_t t0 = clk ? (uint32_t)clock64() : 0u;
+    bar_wait(&full[p.stage], p.phase, w, MOK_WAIT_GEMM_LOAD);
+    if (clk) tok_sclk_record(sclk, tok_sclk_stamps<TC::kStages>(smem + TC::kBarOffset)[p.stage], t0, (uint32_t)clock64());
+    const uint32_t sw = smem_u32(smem + p.stage * TC::kStageBytes);
+    const uint32_t sa = sw + TC::kWBytes + wg * 64 * 128; /* this warpgroup's 64 rows */
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    wgmma_fence();
+#pragma unroll
+    for (int k16 = 0; k16 < kBK / 16; ++k16)
+      wgmma_bf16<256, 0, 0>(acc, wgmma_desc_sw128(sa + k16 * 32, 16, 1024), wgmma_desc_sw128(sw + k16 * 32, 16, 1024), 1);
+    wgmma_commit_group();
+    wgmma_wait_group<1>();
+#pragma unroll
+    for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+    if (kb > 0) tok_release<PAIR>(&empty[prev], leader);
+    prev = p.stage;
+    pipe_advance<TC::kStages>(p);
+  }
+  wgmma_wait_group<0>();
+#pragma unroll
+  for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
+  named_barrier_sync<3>(256u); /* both warpgroups' MMAs on the last stage are done */
+  const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
+  if (a.limit > 0.f) tok_epilogue_rows_m<true, DIAG>(a, c, region, wg, acc);
+  else tok_epilogue_rows_m<false, DIAG>(a, c, region, wg, acc);
+  if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+}
+
 /* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
- * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128). */
-template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true>
+ * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128);
+ * ROWS_M: the rows-as-M path of 128-row gate+up tiles compiled in (a.rows_m picks it; the
+ * standalone kernel only: in the fused forward's kernels it spilled 4 bytes). */
+template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true, bool ROWS_M = false>
 __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
   const int k_blocks = __shfl_sync(0xffffffffu, c.k_blocks, 0);
@@ -529,6 +630,13 @@ __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const Ti
     case 96: tok_consume_nt<KIND, 96, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
     case 112: tok_consume_nt<KIND, 112, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
     case 128:
+      if constexpr (ROWS_M && KIND == kGateUpFwd && !PAIR && TokConfig<KIND, RING>::kEpiBytes == 0) {
+        /* (every row a computed one: padding rows past m_end take the rows-as-N epilogue) */
+        if (a.rows_m && __shfl_sync(0xffffffffu, (int)(c.z_end <= c.m_end), 0)) {
+          tok_consume_rows_m<PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks);
+          break;
+        }
+      }
       if constexpr (kMax > 128) { tok_consume_nt<KIND, 128, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break; }
       [[fallthrough]];
     case 144:
