@@ -291,9 +291,9 @@ mokResult_t mok_gemm_debug_ddown_tok(int mode);
  * 1 the row-grouped tiles (128 rows x 256 weight rows, the rows as wgmma M, 64-row tails)
  * that shapes with I % 128 != 0 run (mok_gemm_gateup_fwd only, not the fused forward);
  * 2 token tiles, those of 128 rows with the rows as wgmma N like the others; 3 token
- * tiles, those of 128 rows with the rows as wgmma M (mok_gemm_gateup_fwd's launches on the
- * 176-row ring; not the fused forward's or the megakernel's kernels); 0 the rules (3's
- * tiles: docs/PERF.md, session 41). Process-wide. */
+ * tiles, those of 128 rows with the rows as wgmma M (mok_gemm_gateup_fwd's launches and the
+ * megakernel's on the 176-row ring; not mok_gemm_ffn_fwd's fused kernel); 0 the rules (3's
+ * tiles: docs/PERF.md, session 41; bitwise the same results as 2). Process-wide. */
 mokResult_t mok_gemm_debug_gu_rows(int mode);
 /* Benchmarks: the forward down GEMM's token tiles in a ring of 128-row stages with an
  * epilogue area of their own (1; tiles cut at <= 128 rows, the last stage given back

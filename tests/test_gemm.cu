@@ -755,6 +755,61 @@ MOK_GPU_TEST(gemm_gpu_gateup_rows_m, 1) {
   }
 }
 
+MOK_GPU_TEST(gemm_gpu_gateup_rows_m_bitwise, 1) {
+  /* The rows as wgmma M or as N in the 128-row gate+up token tiles: act and g|u bitwise the
+   * same (each output element's products summed in the same k order either way), so the
+   * layer's results do not depend on which kernel ran a tile (the megakernel has the rows-as-M
+   * path, the fused forward's kernel not). Experts of 128, 256 and 512 rows beside others,
+   * with and without a SwiGLU limit. */
+  enum { E = 6, H = 512, I = 384 };
+  static const int counts[E] = {128, 256, 90, 512, 0, 200};
+  int32_t off_h[E + 1], cnt_h[E];
+  off_h[0] = 0;
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64, cnt_h[e] = counts[e];
+  const int64_t cap = off_h[E];
+  int32_t *off = NULL, *cnt = NULL;
+  mokBf16 *x = NULL, *w = NULL, *out[2][2] = {{NULL, NULL}, {NULL, NULL}};
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess && cudaMalloc(&cnt, sizeof cnt_h) == cudaSuccess);
+  CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess && cudaMalloc(&w, 2 * (size_t)E * I * H * 2) == cudaSuccess);
+  for (int v = 0; v < 2; ++v) {
+    CHECK(cudaMalloc(&out[v][0], (size_t)cap * I * 2) == cudaSuccess);
+    CHECK(cudaMalloc(&out[v][1], (size_t)cap * 2 * I * 2) == cudaSuccess);
+  }
+  if (t->failed) return;
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(cnt, cnt_h, sizeof cnt_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  const uint64_t seed = test_seed() ^ 0xb17;
+  CHECK_OK(mokGenerateBf16Device(seed, mokTensorX, 0, 0, cap * H, 1.0f, x, 0));
+  CHECK_OK(mokGenerateBf16Device(seed, mokTensorWGate, 0, 0, 2 * (int64_t)E * I * H, 0.05f, w, 0));
+  mokGemmRows_t rows = {E, cap, off};
+  rows.expert_count = cnt;
+  for (int lim = 0; lim < 2 && !t->failed; ++lim) {
+    for (int v = 0; v < 2; ++v) {
+      CHECK(cudaMemset(out[v][0], 0x7f, (size_t)cap * I * 2) == cudaSuccess);
+      CHECK(cudaMemset(out[v][1], 0x7f, (size_t)cap * 2 * I * 2) == cudaSuccess);
+      CHECK_OK(mok_gemm_debug_gu_rows(v ? 3 : 2));
+      CHECK_OK(mok_gemm_gateup_fwd(&rows, H, I, lim ? 1.0f : 0.0f, x, w, w + (size_t)E * I * H, out[v][0], out[v][1], 0));
+      CHECK_OK(mok_gemm_debug_gu_rows(0));
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    for (int o = 0; o < 2 && !t->failed; ++o) {
+      const size_t n = (size_t)cap * (o ? 2 * I : I);
+      uint16_t *a = (uint16_t *)malloc(n * 2), *b = (uint16_t *)malloc(n * 2);
+      CHECK(cudaMemcpy(a, out[0][o], n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+      CHECK(cudaMemcpy(b, out[1][o], n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+      size_t diff = 0, first = 0;
+      for (size_t i = 0; i < n; ++i)
+        if (a[i] != b[i] && !diff++) first = i;
+      CHECK_MSG(diff == 0, "limit %d, %s: %zu of %zu values differ (first at row %zu col %zu: %04x vs %04x)", lim,
+                o ? "g|u" : "act", diff, n, first / (o ? 2 * I : I), first % (o ? 2 * I : I), a[first], b[first]);
+      free(a);
+      free(b);
+    }
+  }
+  cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w);
+  for (int v = 0; v < 2; ++v) cudaFree(out[v][0]), cudaFree(out[v][1]);
+}
+
 MOK_GPU_TEST(gemm_gpu_clamp_hot_expert, 1) {
   /* one hot expert holds every row; SwiGLU clamp L = 1 cuts many g and u */
   static const int counts[3] = {0, 1500, 0};

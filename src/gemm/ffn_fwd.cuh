@@ -722,7 +722,8 @@ __global__ void __launch_bounds__(kThreads, 1) ffn_fwd_kernel(const __grid_const
           tok_tile_consume<kDownFwd, false, RING, false>(*ad, c, smem, p, w, wg - 1, ebuf);
           if (f.m.out || f.m.push) pend = (int)(mega_done(f) - f.ready) + e;
         } else {
-          tok_tile_consume<kGateUpFwd, false, RING, false>(*ag, c, smem, p, w, wg - 1, ebuf);
+          /* (with the rows-as-M 128-row tiles; the fused forward's kernel below spilled with them) */
+          tok_tile_consume<kGateUpFwd, false, RING, false, RING == kTokMaxUnits>(*ag, c, smem, p, w, wg - 1, ebuf);
           pend = (int)(ffn_ready_ctr<MEGA>(f, e) - f.ready);
         }
       } else {

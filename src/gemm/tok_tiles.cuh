@@ -615,7 +615,7 @@ __device__ __forceinline__ void tok_consume_rows_m(const GemmTileArgs &a, const 
 /* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
  * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128);
  * ROWS_M: the rows-as-M path of 128-row gate+up tiles compiled in (a.rows_m picks it; the
- * standalone kernel only: in the fused forward's kernels it spilled 4 bytes). */
+ * standalone kernel and the megakernel: the fused forward's kernel spilled 4 bytes with it). */
 template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true, bool ROWS_M = false>
 __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
