@@ -1,10 +1,12 @@
 #!/usr/bin/env bash
-# gpu-next.sh — one device call for what session 40 left open (docs/PERF.md): (1) the full C
-# suite (not GPU-run yet: ep_mega_dispatch_from_sources's push check, mokFfnMega_t.push at the
-# launch's level) and the Python binding's tests; (2) on an H200 only, issue 5's lines
-# (gpu-s36.sh's GEMM part, REPS runs). With two GPUs, scripts/gpu-mega-ep.sh times the push
-# inside the launch (MOK_MEGA_PUSH) at N = 2. PREBUILT=1: build/mok, build/mok_tests,
-# build/libmok.so carried (run's carry), no build here. Short lines last; logs under $OUT.
+# gpu-next.sh — one device call for what session 41 left open (docs/PERF.md): (1) the full C
+# suite and the Python binding's tests; (2) on an H200 only, issue 5's lines (gpu-s36.sh's
+# GEMM part, REPS runs) with the rows-as-M 128-row gate+up tiles (on by rule since a3321c0,
+# measured on H100s only), and the gate+up tile orientations at R512 / R256 on the H200
+# (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns): whether the
+# row-grouped tiles' lead at deepseek-v4-pro R512 (0.962 against 0.933 on an H100) holds
+# there. PREBUILT=1: build/mok, build/mok_tests, build/libmok.so carried (run's carry), no
+# build here. Short lines last; logs under $OUT.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/next-out}; mkdir -p "$OUT"
@@ -19,4 +21,8 @@ echo "python rc=$? $(grep -E 'passed' "$OUT/python.log" | tail -1)"; grep -E "FA
 if [[ "$GPU" == *H200* ]]; then
   OUT=$OUT/s36 PREBUILT=1 GEMM_ONLY=1 REPS=${REPS:-2} bash scripts/gpu-s36.sh > /dev/null 2>&1
   grep -E "^(--|gateup|down)|zipf / balanced" "$OUT/s36/gemm.log" | cut -c1-130
+  OUT=$OUT/rowsm TESTS=0 REPS=2 VARIANTS="grouped token-n token-m" \
+    SHAPES="--model deepseek-v4-pro --rows-per-expert 512|--model deepseek-v4-pro|--model qwen3.5-397b-a17b --rows-per-expert 512" \
+    bash scripts/gpu-rowsm.sh > /dev/null 2>&1
+  grep -E "^==|^gateup" "$OUT/rowsm/log" | paste - - | sed 's/  */ /g' | cut -c1-150
 fi
