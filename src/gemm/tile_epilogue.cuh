@@ -175,6 +175,26 @@ __device__ __forceinline__ uint32_t swiglu_pack(int pass, float L, float g0, flo
   return swiglu_h_lim(L > 0.f, L, g0, g1, u0, u1);
 }
 
+/* One gate+up output pass of 64 outputs (outputs 64 cc .. +63: accumulator column groups
+ * 16 cc .. +7 gate, 16 cc + 8 .. +15 up) of a warpgroup's 64 rows x 256 accumulator columns
+ * (the row-grouped tiles and the rows-as-M token tiles): pass 0 act, 1 g, 2 u. LIM: 0 no
+ * limit, 1 the limit (swiglu_h / gu_pack), 2 the limit tested at run time (swiglu_pack). */
+template <int LIM, int NA>
+__device__ __forceinline__ void gu_pass_values(int pass, float L, const float (&acc)[NA], int cc, uint32_t (&v)[8][2]) {
+#pragma unroll
+  for (int jj = 0; jj < 8; ++jj)
+#pragma unroll
+    for (int h = 0; h < 2; ++h) {
+      const int j = 16 * cc + jj;
+      const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
+      const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
+      if constexpr (LIM == 2) v[jj][h] = swiglu_pack(pass, L, g0, g1, u0, u1);
+      else v[jj][h] = pass == 0   ? swiglu_h<LIM == 1>(L, g0, g1, u0, u1)
+                      : pass == 1 ? gu_pack<LIM == 1>(L, -INFINITY, g0, g1)
+                                  : gu_pack<LIM == 1>(L, -L, u0, u1);
+    }
+}
+
 /* The warpgroup's 64 rows x NC accumulator columns, rows from row0 (schedule row, or
  * weight row of expert c.expert), output columns from n0 (gate+up: per 64 outputs, 64
  * gate then the same 64 up columns). LIM (dgrad down): 1 tests the SwiGLU limit per value
@@ -197,14 +217,7 @@ __device__ __forceinline__ void gemm_epilogue(const GemmTileArgs &a, const TileC
       for (int pass = 0; pass < 3; ++pass) {
         if (pass > 0 && !a.save_gu) break;
         uint32_t v[8][2];
-#pragma unroll
-        for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-          for (int h = 0; h < 2; ++h) {
-            const int j = 16 * cc + jj;
-            v[jj][h] = swiglu_pack(pass, L, acc[4 * j + 2 * h], acc[4 * j + 2 * h + 1], acc[4 * (j + 8) + 2 * h],
-                                   acc[4 * (j + 8) + 2 * h + 1]);
-          }
+        gu_pass_values<2>(pass, L, acc, cc, v);
         const uint32_t ch = epi_acquire<KIND, BN>(smem, st, wg);
         stage_bf16(ch, v);
         epi_publish(st, wg, pass == 0 ? &a.tm_out0 : &a.tm_out1, ch, pass == 2 ? a.n_out + col : col, row0);

@@ -539,17 +539,7 @@ __device__ __forceinline__ void tok_epilogue_rows_m(const GemmTileArgs &a, const
     for (int pass = 0; pass < 3; ++pass) { /* 0: act; 1: g; 2: u (saved context) */
       if (pass > 0 && !a.save_gu) break;
       uint32_t v[8][2];
-#pragma unroll
-      for (int jj = 0; jj < 8; ++jj)
-#pragma unroll
-        for (int h = 0; h < 2; ++h) {
-          const int j = 16 * cc + jj;
-          const float g0 = acc[4 * j + 2 * h], g1 = acc[4 * j + 2 * h + 1];
-          const float u0 = acc[4 * (j + 8) + 2 * h], u1 = acc[4 * (j + 8) + 2 * h + 1];
-          v[jj][h] = pass == 0   ? swiglu_h<LIMIT>(L, g0, g1, u0, u1)
-                     : pass == 1 ? gu_pack<LIMIT>(L, -INFINITY, g0, g1)
-                                 : gu_pack<LIMIT>(L, -L, u0, u1);
-        }
+      gu_pass_values<LIMIT ? 1 : 0>(pass, L, acc, cc, v);
       const uint32_t b = region + buf * kTokBufBytes;
       tok_piece_open(leader, wg);
       stage_bf16(b, v);
