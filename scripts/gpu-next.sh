@@ -6,7 +6,9 @@
 # (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns): whether the
 # row-grouped tiles' lead at deepseek-v4-pro R512 (0.962 against 0.933 on an H100) holds
 # there. PREBUILT=1: build/mok, build/mok_tests, build/libmok.so carried (run's carry), no
-# build here. Short lines last; logs under $OUT.
+# build here. Short lines last; logs under $OUT. Two branches wait for a device call of their
+# own: exp/gu-ring128 (gate+up on the 128-row ring, binary build-gr/mok if it survived,
+# `--tok-ring-gu 128`) and exp/down-rows-m (scripts/gpu-dnrows.sh there; binaries build-dn/).
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/next-out}; mkdir -p "$OUT"
