@@ -6,9 +6,11 @@
 # (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns): whether the
 # row-grouped tiles' lead at deepseek-v4-pro R512 (0.962 against 0.933 on an H100) holds
 # there. PREBUILT=1: build/mok, build/mok_tests, build/libmok.so carried (run's carry), no
-# build here. Short lines last; logs under $OUT. Two branches wait for a device call of their
-# own: exp/gu-ring128 (gate+up on the 128-row ring, binary build-gr/mok if it survived,
-# `--tok-ring-gu 128`) and exp/down-rows-m (scripts/gpu-dnrows.sh there; binaries build-dn/).
+# build here. Short lines last; logs under $OUT. (3) On any GPU, where their binaries are
+# carried: branch exp/gu-ring128's build-gr/mok (gate+up on the 128-row ring, `--tok-ring-gu
+# 128`) and exp/down-rows-m's build-dn/mok (`--dn-tiles token-m`; its bitwise test needs
+# build-dn/mok_tests: scripts/gpu-dnrows.sh there), each against this tree's build/mok in
+# turns. Carry at most 64 MiB: build/{mok,mok_tests,libmok.so}, build-gr/mok, build-dn/mok.
 set -uo pipefail
 export NCCL_NVLS_ENABLE=0
 OUT=${OUT:-/tmp/next-out}; mkdir -p "$OUT"
@@ -28,3 +30,18 @@ if [[ "$GPU" == *H200* ]]; then
     bash scripts/gpu-rowsm.sh > /dev/null 2>&1
   grep -E "^==|^gateup" "$OUT/rowsm/log" | paste - - | sed 's/  */ /g' | cut -c1-150
 fi
+for x in "build-gr/mok|--tok-ring-gu 128|gateup|--model qwen3.5-397b-a17b --rows-per-expert 512,--model deepseek-v4-pro --rows-per-expert 512" \
+         "build-dn/mok|--dn-tiles token-m|down|--model qwen3.5-397b-a17b --rows-per-expert 512,--model glm-5.2,--model deepseek-v4-pro,--model qwen3.5-397b-a17b"; do
+  IFS='|' read -r bin opt kind shapes <<< "$x"
+  [ -x "$bin" ] || continue
+  IFS=',' read -ra S <<< "$shapes"
+  for s in "${S[@]}"; do
+    for r in 1 2; do
+      for v in main branch; do
+        if [ $v = main ]; then b=build/mok; o=""; else b=$bin; o=$opt; fi
+        printf "%-8s %-55s " "$v" "$s"
+        timeout 60 $b bench gemm $s --kinds $kind $o --iters 20 2>&1 | grep -E "^(gateup|down)" | sed 's/  */ /g' | cut -c1-90
+      done
+    done
+  done
+done 2>&1 | tee "$OUT/branches.log"
