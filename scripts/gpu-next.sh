@@ -40,7 +40,7 @@ for x in "build-gr/mok|--tok-ring-gu 128|gateup|--model qwen3.5-397b-a17b --rows
       for v in main branch; do
         if [ $v = main ]; then b=build/mok; o=""; else b=$bin; o=$opt; fi
         printf "%-8s %-55s " "$v" "$s"
-        timeout 60 $b bench gemm $s --kinds $kind $o --iters 20 2>&1 | grep -E "^(gateup|down)" | sed 's/  */ /g' | cut -c1-90
+        timeout 60 $b bench gemm $s --kinds $kind $o --iters 20 2>&1 | grep -E "^(gateup|down)" | sed 's/  */ /g' | cut -c1-90 | tr -d '\n'; echo
       done
     done
   done
