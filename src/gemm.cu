@@ -447,6 +447,11 @@ extern "C" mokResult_t mok_gemm_debug_gu_rows(int mode) {
  * qwen3.5 R512 0.928-0.929 against 0.917-0.918, glm-5.2 R512 +0.7 points, kimi R512 and
  * deepseek-v4-pro R512 level; shapes without 128-row tiles (qwen3.5 R320) and Zipf level,
  * against the parent tree's binary too (the code costs the other tiles nothing). */
+static int g_dn_rows = 0; /* experiment: the down GEMM's 128-row token tiles with the rows as M (1), or not (0) */
+extern "C" mokResult_t mok_gemm_debug_dn_rows(int mode) {
+  return set_mode_knob(&g_dn_rows, mode, 1, "mok_gemm_debug_dn_rows");
+}
+
 static int rows_m_rule(void) {
   const int knob = __atomic_load_n(&g_gu_rows, __ATOMIC_RELAXED);
   if (knob >= 2) return knob == 3;
@@ -785,6 +790,7 @@ static mokResult_t down_fwd_args(const char *fn, const mokGemmRows_t *rows, int 
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
+  a.rows_m = ts.token && __atomic_load_n(&g_dn_rows, __ATOMIC_RELAXED) == 1;
   return mokSuccess;
 }
 

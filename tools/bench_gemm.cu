@@ -933,6 +933,9 @@ static int bench_main(int argc, char **argv, bench *b) {
         fprintf(stderr, "bench gemm: --gu-tiles grouped|token-n|token-m\n");
         return 2;
       }
+    } else if (!strcmp(a, "--dn-tiles")) { /* experiment (branch exp/down-rows-m) */
+      const int m = !strcmp(v, "token-m") ? 1 : !strcmp(v, "token-n") ? 0 : -1;
+      if (m < 0 || mok_gemm_debug_dn_rows(m) != mokSuccess) { fprintf(stderr, "bench gemm: --dn-tiles token-n|token-m\n"); return 2; }
     } else if (!strcmp(a, "--gu-box")) {
       gu_box = !strcmp(v, "one") ? 1 : !strcmp(v, "four") ? 2 : !strcmp(v, "two") ? 3 : -1;
       if (gu_box < 0) { fprintf(stderr, "bench gemm: --gu-box one|two|four\n"); return 2; }
