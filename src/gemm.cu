@@ -453,6 +453,21 @@ static int rows_m_rule(void) {
   return 1;
 }
 
+/* The down GEMM's token tiles of exactly 128 rows with the rows as wgmma M too (each
+ * warpgroup 64 rows x all 256 weight rows), in the 128-row ring's kernel instance (the one
+ * the ring rule picks where every expert's tiles are <= 128 rows: R512, R256): on. One H100
+ * (docs/PERF.md, session 42), ours / cuBLAS against the rows as N in turns: qwen3.5 R512
+ * 0.932 -> 0.955, glm-5.2 R512 0.986 -> 0.995, deepseek-v4-pro R256 1.018 -> 1.032, R512
+ * 0.97 -> 0.99, kimi R512 0.970 -> 0.978. Compiled into the 176-row ring's instance too it
+ * slowed qwen3.5 R320 (2 x 160-row tiles) by 2%, so that instance does not have it. */
+static int g_dn_rows = 0; /* 0 the rule (on), 1 the rows as N, 2 the rows as M */
+extern "C" mokResult_t mok_gemm_debug_dn_rows(int mode) {
+  return set_mode_knob(&g_dn_rows, mode, 2, "mok_gemm_debug_dn_rows");
+}
+
+static int dn_rows_m_rule(void) { return __atomic_load_n(&g_dn_rows, __ATOMIC_RELAXED) != 1; }
+
+
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
   if (ctas < -1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_mix_ctas: ctas = %d, must be >= -1", ctas);
   __atomic_store_n(&g_mix_ctas, ctas, __ATOMIC_RELAXED);
@@ -785,6 +800,7 @@ static mokResult_t down_fwd_args(const char *fn, const mokGemmRows_t *rows, int 
   a.tm_out1 = a.tm_aux = a.tm_out0;
   a.mix = mix_rule(mokGemmDownFwd);
   a.stagger = stagger_rule();
+  a.rows_m = ts.token ? dn_rows_m_rule() : 0;
   return mokSuccess;
 }
 

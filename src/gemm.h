@@ -295,6 +295,13 @@ mokResult_t mok_gemm_debug_ddown_tok(int mode);
  * megakernel's on the 176-row ring; not mok_gemm_ffn_fwd's fused kernel); 0 the rules (3's
  * tiles: docs/PERF.md, session 41; bitwise the same results as 2). Process-wide. */
 mokResult_t mok_gemm_debug_gu_rows(int mode);
+/* Benchmarks: the forward down GEMM's token tiles of exactly 128 rows with the rows as wgmma
+ * N like the others (1), with the rows as wgmma M (2: each warpgroup 64 rows x all 256 weight
+ * rows), or by the rule (0: 2; docs/PERF.md, session 42; bitwise the same results as 1).
+ * mok_gemm_down_fwd's launches on the 128-row ring (mok_gemm_debug_tok_ring) only; the
+ * 176-row ring's, the fused forward's and the megakernel's tiles keep the rows as N.
+ * Process-wide. */
+mokResult_t mok_gemm_debug_dn_rows(int mode);
 /* Benchmarks: the forward down GEMM's token tiles in a ring of 128-row stages with an
  * epilogue area of their own (1; tiles cut at <= 128 rows, the last stage given back
  * before the epilogue), in the 176-row stages whose epilogue holds the tile's last stage

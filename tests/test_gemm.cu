@@ -78,6 +78,7 @@ MOK_TEST(gemm_validation) {
   CHECK_STATUS(mok_gemm_debug_row_box128(3), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_cold_evict(-1), mokInvalidArgument);
   CHECK_STATUS(mok_gemm_debug_gu_rows(4), mokInvalidArgument);
+  CHECK_STATUS(mok_gemm_debug_dn_rows(3), mokInvalidArgument);
   {
     unsigned long long l = 0;
     CHECK_STATUS(mok_gemm_debug_lean_launches(NULL, &l), mokInvalidArgument);
@@ -808,6 +809,55 @@ MOK_GPU_TEST(gemm_gpu_gateup_rows_m_bitwise, 1) {
   }
   cudaFree(off); cudaFree(cnt); cudaFree(x); cudaFree(w);
   for (int v = 0; v < 2; ++v) cudaFree(out[v][0]), cudaFree(out[v][1]);
+}
+
+MOK_GPU_TEST(gemm_gpu_down_rows_m_bitwise, 1) {
+  /* The down GEMM's 128-row token tiles with the rows as wgmma M (the rule,
+   * mok_gemm_debug_dn_rows 2; the 128-row ring's instance) give y bitwise as with the rows as
+   * N (1); on the 176-row ring (rows as N either way) the knob changes nothing. Experts of
+   * 128, 256 and 512 rows beside others. */
+  enum { E = 6, H = 512, I = 384 };
+  static const int counts[E] = {128, 256, 90, 512, 0, 200};
+  int32_t off_h[E + 1], cnt_h[E];
+  off_h[0] = 0;
+  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64, cnt_h[e] = counts[e];
+  const int64_t cap = off_h[E];
+  int32_t *off = NULL, *cnt = NULL;
+  mokBf16 *act = NULL, *w = NULL, *y[2] = {NULL, NULL};
+  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess && cudaMalloc(&cnt, sizeof cnt_h) == cudaSuccess);
+  CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess && cudaMalloc(&w, (size_t)E * H * I * 2) == cudaSuccess);
+  for (int v = 0; v < 2; ++v) CHECK(cudaMalloc(&y[v], (size_t)cap * H * 2) == cudaSuccess);
+  if (t->failed) return;
+  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  CHECK(cudaMemcpy(cnt, cnt_h, sizeof cnt_h, cudaMemcpyHostToDevice) == cudaSuccess);
+  const uint64_t seed = test_seed() ^ 0xd0b17;
+  CHECK_OK(mokGenerateBf16Device(seed, mokTensorX, 0, 0, cap * I, 1.0f, act, 0));
+  CHECK_OK(mokGenerateBf16Device(seed, mokTensorWDown, 0, 0, (int64_t)E * H * I, 0.05f, w, 0));
+  mokGemmRows_t rows = {E, cap, off};
+  rows.expert_count = cnt;
+  const size_t n = (size_t)cap * H;
+  uint16_t *a = (uint16_t *)malloc(n * 2), *b = (uint16_t *)malloc(n * 2);
+  for (int ring = 0; ring < 2 && !t->failed; ++ring) {
+    for (int v = 0; v < 2; ++v) {
+      CHECK(cudaMemset(y[v], 0x7f, n * 2) == cudaSuccess);
+      CHECK_OK(mok_gemm_debug_tok_ring(ring ? 1 : 2));
+      CHECK_OK(mok_gemm_debug_dn_rows(v + 1));
+      CHECK_OK(mok_gemm_down_fwd(&rows, H, I, act, w, y[v], 0));
+      CHECK_OK(mok_gemm_debug_dn_rows(0));
+      CHECK_OK(mok_gemm_debug_tok_ring(0));
+    }
+    CHECK(cudaDeviceSynchronize() == cudaSuccess);
+    CHECK(cudaMemcpy(a, y[0], n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    CHECK(cudaMemcpy(b, y[1], n * 2, cudaMemcpyDeviceToHost) == cudaSuccess);
+    size_t diff = 0, first = 0;
+    for (size_t i = 0; i < n; ++i)
+      if (a[i] != b[i] && !diff++) first = i;
+    CHECK_MSG(diff == 0, "ring %d: %zu of %zu values of y differ (first at row %zu col %zu: %04x vs %04x)",
+              ring ? 128 : 176, diff, n, first / H, first % H, a[first], b[first]);
+  }
+  free(a);
+  free(b);
+  cudaFree(off); cudaFree(cnt); cudaFree(act); cudaFree(w); cudaFree(y[0]); cudaFree(y[1]);
 }
 
 MOK_GPU_TEST(gemm_gpu_clamp_hot_expert, 1) {

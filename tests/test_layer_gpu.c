@@ -21,7 +21,10 @@
 
 #define MAXR 4
 
-enum { RT_RANDOM, RT_DUP_EMPTY, RT_ONE_EXPERT, RT_EMPTY_EXPERTS, RT_UNEVEN };
+/* RT_TILES: 256 tokens a rank, expert 0 takes all of them (two 128-row tiles), experts 1
+ * and 2 128 each, experts 3-7 ~102 each: the token tiles of exactly 128 rows (rows as wgmma
+ * M) in the kernels that have them */
+enum { RT_RANDOM, RT_DUP_EMPTY, RT_ONE_EXPERT, RT_EMPTY_EXPERTS, RT_UNEVEN, RT_TILES };
 
 typedef struct {
   mokConfig_t cfg;
@@ -61,6 +64,11 @@ static void set_routing(gpu_case *c, int rank, int mode, rng_t *r) {
       case RT_DUP_EMPTY: idx[q] = rng_int(r, 5) == 0 ? -1 : (q % k == 1 && idx[q - 1] >= 0 ? idx[q - 1] : rng_int(r, E)); break;
       case RT_ONE_EXPERT: idx[q] = E - 1; break;
       case RT_EMPTY_EXPERTS: idx[q] = rng_int(r, 2) ? 0 : E - 1; break;
+      case RT_TILES: {
+        const int tok = q / k, j = q % k;
+        idx[q] = j == 0 ? 0 : j == 1 ? 1 + (tok >= c->T[rank] / 2) : 3 + (tok + j) % (E - 3);
+        break;
+      }
       default: break; /* generated */
     }
   }
@@ -125,7 +133,7 @@ static int case_init_shape(gpu_case *c, int N, int mode, float clamp, mokDtype_t
   mokConfig_t cfg = MOK_CONFIG_INITIALIZER;
   cfg.num_experts = 8, cfg.hidden = hidden, cfg.inter = 128, cfg.topk = topk;
   cfg.shared_inter = mode == RT_ONE_EXPERT ? 0 : 128;
-  cfg.num_ranks = N, cfg.max_tokens = 112, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
+  cfg.num_ranks = N, cfg.max_tokens = mode == RT_TILES ? 256 : 112, cfg.swiglu_limit = clamp, cfg.grad_dtype = gdt;
   c->cfg = cfg;
   c->N = N, c->El = 8 / N;
   mokLayer_t host;
@@ -134,7 +142,7 @@ static int case_init_shape(gpu_case *c, int N, int mode, float clamp, mokDtype_t
   mokRouting_t uni = {mokRoutingUniform, 0};
   const int H = cfg.hidden, I = cfg.inter, Is = cfg.shared_inter, k = cfg.topk, El = c->El;
   for (int s = 0; s < N; s++) {
-    c->T[s] = mode == RT_UNEVEN ? (s ? 96 : 17) : mode == RT_EMPTY_EXPERTS && s == 1 ? 0 : 64 + 13 * s;
+    c->T[s] = mode == RT_TILES ? 256 : mode == RT_UNEVEN ? (s ? 96 : 17) : mode == RT_EMPTY_EXPERTS && s == 1 ? 0 : 64 + 13 * s;
     int T = c->T[s];
     size_t th = (size_t)T * H, tk = (size_t)T * k, wgu = (size_t)El * I * H, sgu = (size_t)Is * H;
     mokBf16 *x = malloc(2 * th + 2), *d = malloc(2 * th + 2);
@@ -387,6 +395,17 @@ MOK_GPU_TEST(layer_nccl_matches_reference_2gpu, 2) { all_routings(t, 2, mokImplN
  * read from their sources' windows, pushed back to them) on 2 and 4 loopback ranks of one
  * GPU (each rank's launches on its share of the SMs) and on 2 GPUs. */
 MOK_GPU_TEST(layer_mega_matches_reference_1gpu, 1) { all_routings(t, 1, mokImplMega); }
+/* ... and on experts of exactly 128 and 256 rows (RT_TILES: the megakernel's gate+up and down
+ * tiles of 128 rows run with the rows as wgmma M), all three engines, clamp on */
+MOK_GPU_TEST(layer_matches_reference_128_row_tiles_1gpu, 1) {
+  mokComm_t comm = NULL;
+  CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
+  if (t->failed) return;
+  static const mokImpl_t impls[] = {mokImplMega, mokImplNccl, mokImplBaseline};
+  static const char *labels[] = {"mega, 128-row tiles", "nccl, 128-row tiles", "baseline, 128-row tiles"};
+  for (int i = 0; i < 3 && !t->failed; i++) run_case(t, &comm, 1, impls[i], RT_TILES, 0.75f, mokDtypeBF16, labels[i]);
+  mokLocalCommsDestroy(1, &comm);
+}
 MOK_GPU_TEST(layer_mega_matches_reference_loopback, 1) {
   routings_on(t, 2, mokImplMega, 1, 0);
   if (!t->failed) routings_on(t, 4, mokImplMega, 1, 0);
@@ -420,8 +439,8 @@ static int fetch(void *h, const void *d, size_t bytes) { return cudaMemcpy(h, d,
 MOK_GPU_TEST(layer_mega_bitwise_nccl_1gpu, 1) {
   mokComm_t comm = NULL;
   CHECK_MSG(mokLocalCommsCreate(1, NULL, NULL, &comm) == mokSuccess, "%s", mokGetLastError());
-  static const int modes[] = {RT_RANDOM, RT_DUP_EMPTY, RT_UNEVEN};
-  for (int mi = 0; mi < 3 && !t->failed; mi++) {
+  static const int modes[] = {RT_RANDOM, RT_DUP_EMPTY, RT_UNEVEN, RT_TILES};
+  for (int mi = 0; mi < 4 && !t->failed; mi++) {
     gpu_case *c = calloc(1, sizeof *c);
     CHECK(case_init(c, 1, modes[mi], mi == 1 ? 1.0f : 0.f, mokDtypeBF16, test_seed() ^ (uint64_t)(77 + mi)));
     const int H = c->cfg.hidden, I = c->cfg.inter, Is = c->cfg.shared_inter, k = c->cfg.topk, T = c->T[0], El = c->El;

@@ -101,7 +101,8 @@ static void usage(void) {
           "                      [--mix-ctas P] [--eager-rows N] [--gu-box one|two|four]\n"
           "                      [--gu-order gate-first|up-first] [--l2-promo W,R] [--cold-evict on|off]\n"
           "                      [--tok-ring auto|176|128] [--epi-debug 0|1|2]\n"
-          "                      [--ddown-tok on|off] [--gu-tiles grouped|token-n|token-m] [--seed N|clock]\n"
+          "                      [--ddown-tok on|off] [--gu-tiles grouped|token-n|token-m] [--dn-tiles token-n|token-m]\n"
+          "                      [--seed N|clock]\n"
           "                      [--vs-balanced on|off] [--vs-cublas-zipf on|off] [--kinds LIST]\n"
           "                      [--trace FILE] [--stage-clock on|off] [--ctas N] [--ffn on|off]\n"
           "  --kinds: comma-separated subset of gateup,down,ddown,dgateup,wgateup,wdown,\n"
@@ -131,6 +132,8 @@ static void usage(void) {
           "  --gu-tiles: forward gate+up on the row-grouped 128-row tiles of I %% 128 != 0 (grouped,\n"
           "  diagnostics), or on token tiles, those of 128 rows with the rows as wgmma N (token-n) or\n"
           "  as M (token-m) (default: the library's rule)\n"
+          "  --dn-tiles: forward down's 128-row token tiles with the rows as wgmma N (token-n) or M\n"
+          "  (token-m) (default: the library's rule, token-m)\n"
           "  --expert-order: token tiles under tickets walk the experts with most rows first (load)\n"
           "  or in index order (index) (default auto: the library's rule)\n"
           "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
@@ -933,6 +936,9 @@ static int bench_main(int argc, char **argv, bench *b) {
         fprintf(stderr, "bench gemm: --gu-tiles grouped|token-n|token-m\n");
         return 2;
       }
+    } else if (!strcmp(a, "--dn-tiles")) { /* the down kind's 128-row token tiles: rows as N or M */
+      const int m = !strcmp(v, "token-m") ? 2 : !strcmp(v, "token-n") ? 1 : -1;
+      if (m < 0 || mok_gemm_debug_dn_rows(m) != mokSuccess) { fprintf(stderr, "bench gemm: --dn-tiles token-n|token-m\n"); return 2; }
     } else if (!strcmp(a, "--gu-box")) {
       gu_box = !strcmp(v, "one") ? 1 : !strcmp(v, "four") ? 2 : !strcmp(v, "two") ? 3 : -1;
       if (gu_box < 0) { fprintf(stderr, "bench gemm: --gu-box one|two|four\n"); return 2; }

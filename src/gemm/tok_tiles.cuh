@@ -523,46 +523,65 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
  * without a transpose and stored as two 32-row boxes. Both warpgroups read every weight
  * row of the last stage, so they meet (named barrier 3) before either stages its
  * epilogue in its half of that stage's weight rows. */
-template <bool LIMIT, bool DIAG>
+/* One 64-row x 64-column piece of a rows-as-M tile's outputs (v: packed bf16) staged at
+ * buffer `buf` of region and stored at (x, row0) of `map` as two 32-row boxes. */
+template <bool DIAG>
+__device__ __forceinline__ void tok_rows_m_piece(const GemmTileArgs &a, uint32_t region, int &buf, bool leader, int wg,
+                                                 const uint32_t (&v)[8][2], const CUtensorMap *map, int x, int row0) {
+  const uint32_t b = region + buf * kTokBufBytes;
+  tok_piece_open(leader, wg);
+  stage_bf16(b, v);
+  fence_proxy_async_shared();
+  wg_sync(wg);
+  if (leader && TokKnobs<DIAG>::epi_debug(a) != 1) {
+    tma_store_2d(map, b, x, row0);
+    tma_store_2d(map, b + 2 * kTokUnit * 128, x, row0 + 2 * kTokUnit);
+    bulk_commit_group();
+  }
+  buf ^= 1;
+}
+
+template <int KIND, bool LIMIT, bool DIAG, bool OWN_AREA>
 __device__ __forceinline__ void tok_epilogue_rows_m(const GemmTileArgs &a, const TileCoord &c, uint32_t region,
-                                                    int wg, const float (&acc)[128]) {
+                                                    int wg, const float (&acc)[128], int &ebuf) {
   const float L = a.limit;
   const bool leader = (threadIdx.x & 127) == 0;
   const int row0 = c.m0 + 64 * wg;
   if (TokKnobs<DIAG>::epi_debug(a) == 2) return;
-  int buf = 0;
+  int buf = OWN_AREA ? ebuf : 0;
+  if constexpr (KIND == kGateUpFwd) {
 #pragma unroll
-  for (int cc = 0; cc < 2; ++cc) { /* outputs c.n0 + 64 cc: gate groups 16 cc .. +7, up 16 cc + 8 .. +15 */
-    const int col = c.n0 + 64 * cc;
-    if (col >= a.n_out) break;
+    for (int cc = 0; cc < 2; ++cc) { /* outputs c.n0 + 64 cc: gate groups 16 cc .. +7, up 16 cc + 8 .. +15 */
+      const int col = c.n0 + 64 * cc;
+      if (col >= a.n_out) break;
 #pragma unroll
-    for (int pass = 0; pass < 3; ++pass) { /* 0: act; 1: g; 2: u (saved context) */
-      if (pass > 0 && !a.save_gu) break;
-      uint32_t v[8][2];
-      gu_pass_values<LIMIT ? 1 : 0>(pass, L, acc, cc, v);
-      const uint32_t b = region + buf * kTokBufBytes;
-      tok_piece_open(leader, wg);
-      stage_bf16(b, v);
-      fence_proxy_async_shared();
-      wg_sync(wg);
-      if (leader && TokKnobs<DIAG>::epi_debug(a) != 1) {
-        const CUtensorMap *m = pass == 0 ? &a.tm_out0 : &a.tm_out1;
-        const int x = pass == 2 ? a.n_out + col : col;
-        tma_store_2d(m, b, x, row0);
-        tma_store_2d(m, b + 2 * kTokUnit * 128, x, row0 + 2 * kTokUnit);
-        bulk_commit_group();
+      for (int pass = 0; pass < 3; ++pass) { /* 0: act; 1: g; 2: u (saved context) */
+        if (pass > 0 && !a.save_gu) break;
+        uint32_t v[8][2];
+        gu_pass_values<LIMIT ? 1 : 0>(pass, L, acc, cc, v);
+        tok_rows_m_piece<DIAG>(a, region, buf, leader, wg, v, pass == 0 ? &a.tm_out0 : &a.tm_out1,
+                               pass == 2 ? a.n_out + col : col, row0);
       }
-      buf ^= 1;
+    }
+  } else { /* down: outputs c.n0 + 64 cc are column groups 8 cc .. +7 */
+#pragma unroll
+    for (int cc = 0; cc < 4; ++cc) {
+      const int col = c.n0 + 64 * cc;
+      if (col >= a.n_out) break;
+      uint32_t v[8][2];
+      pack_groups(acc, 8 * cc, v);
+      tok_rows_m_piece<DIAG>(a, region, buf, leader, wg, v, &a.tm_out0, col, row0);
     }
   }
-  if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
+  if (OWN_AREA) ebuf = buf; /* (its stores drain under the next tile, as tok_epilogue's) */
+  else if (leader) bulk_wait_group_read<0>(); /* the stage goes back to the producer after this */
 }
 
-template <bool PAIR, int RING, bool DIAG>
+template <int KIND, bool PAIR, int RING, bool DIAG>
 __device__ __forceinline__ void tok_consume_rows_m(const GemmTileArgs &a, const TileCoord &c, char *smem,
-                                                   PipeState &p, WaitCtx &w, int wg, int k_blocks) {
-  using TC = TokConfig<kGateUpFwd, RING>;
-  static_assert(TC::kEpiBytes == 0 && !PAIR, "rows as M: the 176-row ring's epilogue in the last stage, no pairs");
+                                                   PipeState &p, WaitCtx &w, int wg, int k_blocks, int &ebuf) {
+  using TC = TokConfig<KIND, RING>;
+  static_assert(!PAIR && (KIND == kGateUpFwd || KIND == kDownFwd), "rows as M: forward kinds, no pairs");
   uint64_t *full = reinterpret_cast<uint64_t *>(smem + TC::kBarOffset);
   uint64_t *empty = full + TC::kStages;
   const bool leader = (threadIdx.x & 127) == 0;
@@ -595,17 +614,26 @@ __device__ __forceinline__ void tok_consume_rows_m(const GemmTileArgs &a, const 
   wgmma_wait_group<0>();
 #pragma unroll
   for (int i = 0; i < 128; ++i) reg_fence(acc[i]);
-  named_barrier_sync<3>(256u); /* both warpgroups' MMAs on the last stage are done */
-  const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
-  if (a.limit > 0.f) tok_epilogue_rows_m<true, DIAG>(a, c, region, wg, acc);
-  else tok_epilogue_rows_m<false, DIAG>(a, c, region, wg, acc);
-  if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+  if constexpr (TC::kEpiBytes > 0) { /* an epilogue area of its own (128-row ring): the stage goes back first */
+    if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+    const uint32_t area = smem_u32(smem + TC::kEpiOffset + wg * 2 * kTokBufBytes);
+    if (KIND == kGateUpFwd && a.limit > 0.f) tok_epilogue_rows_m<KIND, true, DIAG, true>(a, c, area, wg, acc, ebuf);
+    else tok_epilogue_rows_m<KIND, false, DIAG, true>(a, c, area, wg, acc, ebuf);
+  } else {
+    named_barrier_sync<3>(256u); /* both warpgroups' MMAs on the last stage are done */
+    const uint32_t region = smem_u32(smem + prev * TC::kStageBytes + wg * (TC::kWBytes / 2));
+    if (KIND == kGateUpFwd && a.limit > 0.f) tok_epilogue_rows_m<KIND, true, DIAG, false>(a, c, region, wg, acc, ebuf);
+    else tok_epilogue_rows_m<KIND, false, DIAG, false>(a, c, region, wg, acc, ebuf);
+    if (k_blocks > 0) tok_release<PAIR>(&empty[prev], leader);
+  }
 }
 
 /* One token tile, both consumer warpgroups (wg = 0, 1); PAIR: in a CTA pair; RING: the
  * stage's rows (TokConfig); ebuf: the warpgroup's next epilogue buffer (kTokRing128);
- * ROWS_M: the rows-as-M path of 128-row gate+up tiles compiled in (a.rows_m picks it; the
- * standalone kernel and the megakernel: the fused forward's kernel spilled 4 bytes with it). */
+ * ROWS_M: the rows-as-M path of 128-row tiles compiled in (a.rows_m picks it): gate+up on
+ * the 176-row ring (the standalone kernel and the megakernel; the fused forward's kernel
+ * spilled 4 bytes with it), down on the 128-row ring (the standalone kernel: compiled into
+ * the 176-row ring's instance it slowed qwen3.5 R320's 160-row tiles by 2%). */
 template <int KIND, bool PAIR, int RING = kTokMaxUnits, bool DIAG = true, bool ROWS_M = false>
 __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const TileCoord &c, char *smem, PipeState &p, WaitCtx &w,
                                  int wg, int &ebuf) {
@@ -620,10 +648,12 @@ __device__ __forceinline__ void tok_tile_consume(const GemmTileArgs &a, const Ti
     case 96: tok_consume_nt<KIND, 96, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
     case 112: tok_consume_nt<KIND, 112, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf); break;
     case 128:
-      if constexpr (ROWS_M && KIND == kGateUpFwd && !PAIR && TokConfig<KIND, RING>::kEpiBytes == 0) {
+      if constexpr (ROWS_M && !PAIR &&
+                    ((KIND == kGateUpFwd && TokConfig<KIND, RING>::kEpiBytes == 0) ||
+                     (KIND == kDownFwd && TokConfig<KIND, RING>::kEpiBytes > 0))) {
         /* (every row a computed one: padding rows past m_end take the rows-as-N epilogue) */
         if (a.rows_m && __shfl_sync(0xffffffffu, (int)(c.z_end <= c.m_end), 0)) {
-          tok_consume_rows_m<PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks);
+          tok_consume_rows_m<KIND, PAIR, RING, DIAG>(a, c, smem, p, w, wg, k_blocks, ebuf);
           break;
         }
       }
