@@ -57,11 +57,15 @@
 /* ---- token tiles (the GEMM's: grouped_gemm.cuh tok_split / tok_tile / tok_rows) ------- */
 
 /* Tiles for u units: the fewest of <= max_units units, or one more where that makes them
- * equal (512 rows: 4 x 128, not 176 + 176 + 160: tiles of unequal cost drift apart under a
- * static schedule and stop sharing their weight block in L2). */
+ * equal and keeps them >= 8 units (512 rows: 4 x 128, not 176 + 176 + 160: tiles of unequal
+ * cost drift apart under a static schedule and stop sharing their weight block in L2, and
+ * 128-row tiles run with the rows as wgmma M; but 336 rows: 176 + 160, not 3 x 112, whose
+ * smaller tiles cost more a row: under random routing, R +- sqrt(R) rows an expert, that
+ * was 1-5% faster at kimi R341 and qwen3.5 R320 on an H100, level elsewhere; docs/PERF.md,
+ * session 42). */
 MOK_PHD int mok_plan_tok_split(int u, int max_units) {
   const int n = (u + max_units - 1) / max_units;
-  return n > 0 && u % n != 0 && u % (n + 1) == 0 ? n + 1 : n;
+  return n > 0 && u % n != 0 && u % (n + 1) == 0 && u >= 8 * (n + 1) ? n + 1 : n;
 }
 /* Tile i of `rows` rows (a multiple of 16): its first row from the segment start, its rows. */
 MOK_PHD void mok_plan_tok_tile(int rows, int max_units, int i, int *off, int *nt) {

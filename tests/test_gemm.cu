@@ -220,12 +220,12 @@ static int check_schedule(rng_t *r, char *why, size_t n) {
       rows = (rows + 15) / 16 * 16;
     }
     /* token tiles, brute force: ceil(units / tok_units) tiles of 16-row units, or one
-     * more if that makes them equal, each taking ceil(units left / tiles left), so sizes
-     * differ by <= 16 rows, larger first */
+     * more if that makes them equal and keeps them >= 8 units, each taking ceil(units left
+     * / tiles left), so sizes differ by <= 16 rows, larger first */
     int tok_n = 0, tok_off[2600], tok_nt[2600];
     const int units = a.stagger && pos == 0 ? (a.tok_units + 1) / 2 : a.tok_units;
     const int tu = rows / 16, tn0 = (tu + units - 1) / units;
-    const int tn1 = tn0 && tu % tn0 && tu % (tn0 + 1) == 0 ? tn0 + 1 : tn0;
+    const int tn1 = tn0 && tu % tn0 && tu % (tn0 + 1) == 0 && tu >= 8 * (tn0 + 1) ? tn0 + 1 : tn0;
     for (int u = tu, left = u, i = 0, tn = tn1; i < tn; ++i) {
       const int take = (left + (tn - i) - 1) / (tn - i);
       tok_off[i] = 16 * (u - left);

@@ -313,11 +313,14 @@ MOK_TEST(plan_model_notices_a_weakened_ring_wait) {
 
 MOK_TEST(plan_token_tiles_cover_routed_rows) {
   /* the examples the GEMM's comments give: 341 routed rows -> 176 + 176, 320 -> 160 + 160,
-   * 512 -> 4 x 128, 192 -> 96 + 96, 16 -> 16; and no counts: every segment row */
+   * 512 -> 4 x 128, 192 -> 96 + 96, 16 -> 16, 336 -> 176 + 160 (not 3 x 112: one more tile
+   * only where the equal tiles keep >= 128 rows), 448 -> 160 + 144 + 144 (not 4 x 112), 384
+   * -> 3 x 128; and no counts: every segment row */
   static const struct { int seg, count, tiles, first, last; } ex[] = {
       {384, 341, 2, 176, 176}, {320, 320, 2, 160, 160}, {512, 512, 4, 128, 128}, {192, 192, 2, 96, 96},
       {64, 16, 1, 16, 16},     {64, 1, 1, 16, 16},      {64, 0, 1, 16, 16},      {0, 0, 0, 0, 0},
-      {192, -1, 2, 96, 96},    {64, 64, 1, 64, 64},     {1088, 1024, 6, 176, 160}};
+      {192, -1, 2, 96, 96},    {64, 64, 1, 64, 64},     {1088, 1024, 6, 176, 160}, {384, 330, 2, 176, 160},
+      {448, 448, 3, 160, 144}, {384, 384, 3, 128, 128}};
   for (int i = 0; i < (int)(sizeof ex / sizeof ex[0]); i++) {
     const int rows = mok_plan_tok_rows(ex[i].seg, ex[i].count), n = mok_plan_tok_split(rows / 16, 11);
     CHECK_MSG(n == ex[i].tiles && n == mok_plan_expert_tiles(ex[i].seg, ex[i].count, 11), "case %d: %d tiles", i, n);

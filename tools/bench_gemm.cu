@@ -4,7 +4,7 @@
  * same run, on one GPU.
  *
  *   mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]
- *                  [--rows-per-expert R] [--routing uniform|zipf:S] [--limit L]
+ *                  [--rows-per-expert R] [--routing uniform|zipf:S|random] [--limit L]
  *                  [--iters N] [--json FILE] [--sched auto|static|tickets] [--tail split|one]
  *                  [--ffn on|off] ...
  *
@@ -12,8 +12,10 @@
  * R rows each (default: the published per-expert load of the model, else 512), or the
  * same total rows split over experts in proportion to 1/(e+1)^S (zipf:S; the heaviest
  * expert first, or with zipf:S,shuffled the same counts in a fixed pseudo-random order of
- * experts, as routing puts them, or with ,reversed the lightest first); each segment
- * padded to 64 rows. Inputs are random (never zeros), padding rows zero.
+ * experts, as routing puts them, or with ,reversed the lightest first), or each of those
+ * rows given to an expert drawn uniformly at random (random[:SEED]: the counts of random
+ * tokens under a balanced router, R +- sqrt(R), fixed for a SEED, default 1); each segment
+ * padded to 64 rows. Under random routing every "zipf" below reads "random". Inputs are random (never zeros), padding rows zero.
  * Formulas: FLOP = 2 * rows * N * K of the GEMM (rows = routed rows, padding not
  * counted; gate+up N = 2I); TFLOP/s = FLOP / median time; HBM GB/s = (weights or
  * weight gradients once + activation rows read and written once) / median time.
@@ -94,7 +96,8 @@ static const model_shape kModels[] = {
 static void usage(void) {
   fprintf(stderr,
           "usage: mok bench gemm [--model NAME | --hidden H --inter I --experts E_l]\n"
-          "                      [--rows-per-expert R] [--routing uniform|zipf:S[,shuffled|,reversed]] [--limit L]\n"
+          "                      [--rows-per-expert R] [--routing uniform|zipf:S[,shuffled|,reversed]|random[:SEED]]\n"
+          "                      [--limit L]\n"
           "                      [--iters N] [--json FILE] [--sched auto|static|tickets]\n"
           "                      [--tail split|one] [--counts on|off] [--raster N] [--tok-units U]\n"
           "                      [--mix on|off] [--pairs on|off|solo] [--stagger on|off] [--row-box 32|128]\n"
@@ -136,6 +139,8 @@ static void usage(void) {
           "  (token-m) (default: the library's rule, token-m)\n"
           "  --expert-order: token tiles under tickets walk the experts with most rows first (load)\n"
           "  or in index order (index) (default auto: the library's rule)\n"
+          "  --routing random[:SEED]: each row to a uniformly drawn expert (R +- sqrt(R) an expert, as\n"
+          "  random tokens under a balanced router; SEED default 1); the zipf options below apply\n"
           "  --vs-balanced on|off: under zipf routing, ours also timed on balanced rows in turn with\n"
           "  the zipf launch, zipf / balanced printed (default on with zipf)\n"
           "  --vs-cublas-zipf on|off: under zipf routing, cuBLAS also timed on the zipf rows, as one\n"
@@ -164,6 +169,7 @@ typedef struct bench {
   mokGemmRows_t rows;
   int32_t *off, *cnt;
   int vs_bal;              /* --vs-balanced: zipf rows timed against balanced rows too */
+  const char *uneven;      /* the uneven routing's name in the output: "zipf" or "random" */
   mokGemmRows_t bal_rows;  /* R rows an expert, segments of seg_bal rows */
   int32_t *off_bal, *cnt_bal, *off_bal_h, *cnt_bal_h;
   uint64_t seed;
@@ -736,8 +742,8 @@ static int bench_kind(bench *b, int k) {
   printf("%-20s %-24s %8.3f %8.1f %8.3f %8.1f %6.3f %8.0f %9.2e%s\n", kKindName[k], b->shape, ms, tf, cms, ctf,
          tf / ctf, bytes / (ms * 1e-3) / 1e9, rel, ok ? "" : (nans ? "  UNWRITTEN/NaN" : "  WRONG"));
   if (b->vs_bal)
-    printf("%-20s %-24s %8.3f %8.1f  zipf / balanced rows, ours in turn: %.3f (zipf %.3f ms)\n", "", "balanced rows",
-           bms, flop / (bms * 1e-3) / 1e12, bms / zms, zms);
+    printf("%-20s %-24s %8.3f %8.1f  %s / balanced rows, ours in turn: %.3f (%s %.3f ms)\n", "", "balanced rows",
+           bms, flop / (bms * 1e-3) / 1e12, b->uneven, bms / zms, b->uneven, zms);
   const int grp = gms <= lms; /* the faster cuBLAS form on the zipf rows */
   const double cz_ms = grp ? gms : lms, ours_cz = b->vs_cub_zipf ? (grp ? gms / gz : lms / lz) : 0;
   const double cz_tf = b->vs_cub_zipf ? flop / (cz_ms * 1e-3) / 1e12 : 0;
@@ -745,9 +751,10 @@ static int bench_kind(bench *b, int k) {
   if (b->vs_cub_zipf && b->cg->grouped_ok) snprintf(gtxt, sizeof gtxt, "%.3f", gms);
   else snprintf(gtxt, sizeof gtxt, "n/a (not for these types)");
   if (b->vs_cub_zipf)
-    printf("%-20s %-24s %8.3f %8.1f  cuBLAS on the zipf rows (%s faster): grouped %s ms, a GEMM an expert %.3f ms; "
-           "ours / it, in turn: %.3f; its zipf / its balanced: %.3f\n",
-           "", "cuBLAS zipf rows", cz_ms, cz_tf, grp ? "grouped" : "per expert", gtxt, lms, ours_cz, cz_tf / ctf);
+    printf("%-20s %-24s %8.3f %8.1f  cuBLAS on the %s rows (%s faster): grouped %s ms, a GEMM an expert %.3f ms; "
+           "ours / it, in turn: %.3f; its %s / its balanced: %.3f\n",
+           "", !strcmp(b->uneven, "zipf") ? "cuBLAS zipf rows" : "cuBLAS random rows", cz_ms, cz_tf, b->uneven,
+           grp ? "grouped" : "per expert", gtxt, lms, ours_cz, b->uneven, cz_tf / ctf);
   if (b->sclk && (k == K_GATEUP || k == K_DOWN) && sclk_kind(b, k)) return 1;
   if (b->json) {
     fprintf(b->json,
@@ -840,6 +847,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   int H = 0, I = 0, E = 0, R = -1;
   double zipf = 0;
   int zipf_order = 0; /* 0: expert e holds rank e's count; 1: shuffled; 2: reversed */
+  unsigned long long rnd = 0; /* --routing random[:SEED]: the seed (0: not random routing) */
   const char *json = NULL, *trace = NULL;
   b->iters = 20;
   int sched = 0, split = 1, counts = 1, raster = 0, tok_units = 0, mix = 0, epi_debug = 0, pairs = 0, stagger = 0;
@@ -980,13 +988,19 @@ static int bench_main(int argc, char **argv, bench *b) {
       if (vs_cz < -1) { fprintf(stderr, "bench gemm: --vs-cublas-zipf on|off\n"); return 2; }
     }
     else if (!strcmp(a, "--routing")) {
-      if (!strcmp(v, "uniform")) zipf = 0;
+      char *end = NULL;
+      if (!strcmp(v, "uniform")) zipf = 0, rnd = 0;
+      else if (!strcmp(v, "random")) zipf = 0, rnd = 1;
+      else if (!strncmp(v, "random:", 7) && (rnd = strtoull(v + 7, &end, 10)) > 0 && end && !*end) zipf = 0;
       else if (!strncmp(v, "zipf:", 5) && atof(v + 5) > 0) {
-        zipf = atof(v + 5);
+        zipf = atof(v + 5), rnd = 0;
         const char *o = strchr(v, ',');
         zipf_order = !o ? 0 : !strcmp(o, ",shuffled") ? 1 : !strcmp(o, ",reversed") ? 2 : -1;
         if (zipf_order < 0) { fprintf(stderr, "bench gemm: --routing zipf:S[,shuffled|,reversed]\n"); return 2; }
-      } else { fprintf(stderr, "bench gemm: --routing uniform|zipf:S[,shuffled|,reversed] (S > 0)\n"); return 2; }
+      } else {
+        fprintf(stderr, "bench gemm: --routing uniform|zipf:S[,shuffled|,reversed]|random[:SEED] (S > 0, SEED >= 1)\n");
+        return 2;
+      }
     } else { fprintf(stderr, "bench gemm: unknown option %s\n", a); usage(); return 2; }
   }
   mok_gemm_debug_sched(sched, split);
@@ -1037,27 +1051,35 @@ static int bench_main(int argc, char **argv, bench *b) {
         b->cnt_h[e] = b->cnt_h[j], b->cnt_h[j] = t;
       }
     }
+  } else if (rnd) { /* each row to a uniformly drawn expert (a fixed 64-bit LCG from the seed) */
+    uint64_t st = rnd * 0x9e3779b97f4a7c15ull;
+    for (int64_t q = 0; q < total; ++q) {
+      st = st * 6364136223846793005ull + 1442695040888963407ull;
+      b->cnt_h[(st >> 33) % (uint64_t)E]++;
+    }
   } else {
     for (int e = 0; e < E; ++e) b->cnt_h[e] = R;
   }
+  const int uneven = zipf > 0 || rnd;
+  b->uneven = rnd ? "random" : "zipf";
   for (int e = 0; e < E; ++e) b->off_h[e + 1] = b->off_h[e] + (b->cnt_h[e] + 63) / 64 * 64;
   b->rows_real = total;
   b->rows_used = b->off_h[E];
   b->rows_bal = R;
   b->seg_bal = (R + 63) / 64 * 64;
   b->cap = b->rows_used > b->seg_bal * E ? b->rows_used : b->seg_bal * E;
-  b->vs_bal = zipf > 0 && vs_bal != 0;
-  if (vs_bal == 1 && zipf <= 0) {
-    fprintf(stderr, "bench gemm: --vs-balanced on needs --routing zipf:S\n");
+  b->vs_bal = uneven && vs_bal != 0;
+  if (vs_bal == 1 && !uneven) {
+    fprintf(stderr, "bench gemm: --vs-balanced on needs --routing zipf:S or random\n");
     return 2;
   }
-  b->vs_cub_zipf = zipf > 0 && vs_cz != 0;
-  if (vs_cz == 1 && zipf <= 0) {
-    fprintf(stderr, "bench gemm: --vs-cublas-zipf on needs --routing zipf:S\n");
+  b->vs_cub_zipf = uneven && vs_cz != 0;
+  if (vs_cz == 1 && !uneven) {
+    fprintf(stderr, "bench gemm: --vs-cublas-zipf on needs --routing zipf:S or random\n");
     return 2;
   }
   snprintf(b->shape, sizeof b->shape, "E%d H%d I%d R%d%s", E, b->H, b->I, R,
-           zipf <= 0 ? "" : zipf_order == 1 ? " zipf-shuf" : zipf_order == 2 ? " zipf-rev" : " zipf");
+           rnd ? " random" : zipf <= 0 ? "" : zipf_order == 1 ? " zipf-shuf" : zipf_order == 2 ? " zipf-rev" : " zipf");
 
   BCUDA(cudaMalloc(&b->off, sizeof(int32_t) * (E + 1)));
   BCUDA(cudaMalloc(&b->cnt, sizeof(int32_t) * E));
@@ -1140,7 +1162,8 @@ static int bench_main(int argc, char **argv, bench *b) {
   if (json) {
     b->json = fopen(json, "w");
     if (!b->json) { fprintf(stderr, "bench gemm: cannot write %s\n", json); return 2; }
-    fprintf(b->json, "{\"bench\": \"gemm\", \"routing\": \"%s\", \"zipf\": %g, \"results\": [", zipf > 0 ? "zipf" : "uniform", zipf);
+    fprintf(b->json, "{\"bench\": \"gemm\", \"routing\": \"%s\", \"zipf\": %g, \"random_seed\": %llu, \"results\": [",
+            zipf > 0 ? "zipf" : rnd ? "random" : "uniform", zipf, rnd);
     b->json_first = 1;
   }
   if (trace) {
@@ -1153,7 +1176,7 @@ static int bench_main(int argc, char **argv, bench *b) {
   printf("# mok bench gemm: %s, %d SMs; E_l=%d H=%d I=%d, %lld routed rows (%s), %lld rows after padding to 64, "
          "limit %g, seed %llu, median of %d (ours and cuBLAS in turn, GPU time)\n",
          prop.name, prop.multiProcessorCount, E, b->H, b->I, (long long)total,
-         zipf > 0 ? "zipf" : "balanced", (long long)b->rows_used, (double)b->limit, (unsigned long long)seed, b->iters);
+         zipf > 0 ? "zipf" : rnd ? "random" : "balanced", (long long)b->rows_used, (double)b->limit, (unsigned long long)seed, b->iters);
   printf("%-20s %-24s %8s %8s %8s %8s %6s %8s %9s\n", "kind", "shape", "ms", "TFLOP/s", "cuBLASms", "TFLOP/s", "ratio",
          "HBM GB/s", "rel.err");
   for (int k = 0; k < K_N; ++k)

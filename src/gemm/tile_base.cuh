@@ -316,9 +316,10 @@ struct TokKnobs {
 };
 /* The cut itself is plan.h's (mok_plan_tok_split / _tok_tile / _tok_rows: one definition
  * for the GEMM kernels, the megakernel's plan and its CPU model): the fewest tiles of
- * <= max_units units, or one more where that makes them equal (512 rows: 4 x 128, not
- * 176 + 176 + 160; measured: kimi R341 as 128 + 128 + 96 rows ran 12% slower than as
- * 3 x 128, tiles of unequal cost drifting apart under a static schedule). */
+ * <= max_units units, or one more where that makes them equal and keeps them >= 128 rows
+ * (512 rows: 4 x 128, not 176 + 176 + 160; measured: kimi R341 as 128 + 128 + 96 rows ran
+ * 12% slower than as 3 x 128, tiles of unequal cost drifting apart under a static
+ * schedule; 336 rows: 176 + 160, not 3 x 112, session 42). */
 static_assert(kTokUnit == MOK_PLAN_UNIT_ROWS && kTokMaxUnits == MOK_PLAN_TILE_MAX_UNITS, "plan.h's token tiles");
 __host__ __device__ __forceinline__ int tok_split(int u, int max_units) { return mok_plan_tok_split(u, max_units); }
 __host__ __device__ __forceinline__ int tok_tiles(int rows, int max_units) {
