@@ -756,29 +756,39 @@ MOK_GPU_TEST(gemm_gpu_gateup_rows_m, 1) {
   }
 }
 
+/* The rows-as-M tests' layout: experts of 128, 256 and 512 rows (tiles of exactly 128 rows)
+ * beside others, 64-row segments; offsets and counts on the device. Returns the capacity
+ * (0: a CUDA call failed). */
+enum { kRowsMExperts = 6 };
+static int64_t rows_m_layout(int32_t **off, int32_t **cnt) {
+  static const int counts[kRowsMExperts] = {128, 256, 90, 512, 0, 200};
+  int32_t off_h[kRowsMExperts + 1], cnt_h[kRowsMExperts];
+  off_h[0] = 0;
+  for (int e = 0; e < kRowsMExperts; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64, cnt_h[e] = counts[e];
+  if (cudaMalloc(off, sizeof off_h) != cudaSuccess || cudaMalloc(cnt, sizeof cnt_h) != cudaSuccess ||
+      cudaMemcpy(*off, off_h, sizeof off_h, cudaMemcpyHostToDevice) != cudaSuccess ||
+      cudaMemcpy(*cnt, cnt_h, sizeof cnt_h, cudaMemcpyHostToDevice) != cudaSuccess)
+    return 0;
+  return off_h[kRowsMExperts];
+}
+
 MOK_GPU_TEST(gemm_gpu_gateup_rows_m_bitwise, 1) {
   /* The rows as wgmma M or as N in the 128-row gate+up token tiles: act and g|u bitwise the
    * same (each output element's products summed in the same k order either way), so the
    * layer's results do not depend on which kernel ran a tile (the megakernel has the rows-as-M
    * path, the fused forward's kernel not). Experts of 128, 256 and 512 rows beside others,
    * with and without a SwiGLU limit. */
-  enum { E = 6, H = 512, I = 384 };
-  static const int counts[E] = {128, 256, 90, 512, 0, 200};
-  int32_t off_h[E + 1], cnt_h[E];
-  off_h[0] = 0;
-  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64, cnt_h[e] = counts[e];
-  const int64_t cap = off_h[E];
+  enum { E = kRowsMExperts, H = 512, I = 384 };
   int32_t *off = NULL, *cnt = NULL;
+  const int64_t cap = rows_m_layout(&off, &cnt);
   mokBf16 *x = NULL, *w = NULL, *out[2][2] = {{NULL, NULL}, {NULL, NULL}};
-  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess && cudaMalloc(&cnt, sizeof cnt_h) == cudaSuccess);
+  CHECK(cap > 0);
   CHECK(cudaMalloc(&x, (size_t)cap * H * 2) == cudaSuccess && cudaMalloc(&w, 2 * (size_t)E * I * H * 2) == cudaSuccess);
   for (int v = 0; v < 2; ++v) {
     CHECK(cudaMalloc(&out[v][0], (size_t)cap * I * 2) == cudaSuccess);
     CHECK(cudaMalloc(&out[v][1], (size_t)cap * 2 * I * 2) == cudaSuccess);
   }
   if (t->failed) return;
-  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
-  CHECK(cudaMemcpy(cnt, cnt_h, sizeof cnt_h, cudaMemcpyHostToDevice) == cudaSuccess);
   const uint64_t seed = test_seed() ^ 0xb17;
   CHECK_OK(mokGenerateBf16Device(seed, mokTensorX, 0, 0, cap * H, 1.0f, x, 0));
   CHECK_OK(mokGenerateBf16Device(seed, mokTensorWGate, 0, 0, 2 * (int64_t)E * I * H, 0.05f, w, 0));
@@ -816,20 +826,14 @@ MOK_GPU_TEST(gemm_gpu_down_rows_m_bitwise, 1) {
    * mok_gemm_debug_dn_rows 2; the 128-row ring's instance) give y bitwise as with the rows as
    * N (1); on the 176-row ring (rows as N either way) the knob changes nothing. Experts of
    * 128, 256 and 512 rows beside others. */
-  enum { E = 6, H = 512, I = 384 };
-  static const int counts[E] = {128, 256, 90, 512, 0, 200};
-  int32_t off_h[E + 1], cnt_h[E];
-  off_h[0] = 0;
-  for (int e = 0; e < E; ++e) off_h[e + 1] = off_h[e] + (counts[e] + 63) / 64 * 64, cnt_h[e] = counts[e];
-  const int64_t cap = off_h[E];
+  enum { E = kRowsMExperts, H = 512, I = 384 };
   int32_t *off = NULL, *cnt = NULL;
+  const int64_t cap = rows_m_layout(&off, &cnt);
   mokBf16 *act = NULL, *w = NULL, *y[2] = {NULL, NULL};
-  CHECK(cudaMalloc(&off, sizeof off_h) == cudaSuccess && cudaMalloc(&cnt, sizeof cnt_h) == cudaSuccess);
+  CHECK(cap > 0);
   CHECK(cudaMalloc(&act, (size_t)cap * I * 2) == cudaSuccess && cudaMalloc(&w, (size_t)E * H * I * 2) == cudaSuccess);
   for (int v = 0; v < 2; ++v) CHECK(cudaMalloc(&y[v], (size_t)cap * H * 2) == cudaSuccess);
   if (t->failed) return;
-  CHECK(cudaMemcpy(off, off_h, sizeof off_h, cudaMemcpyHostToDevice) == cudaSuccess);
-  CHECK(cudaMemcpy(cnt, cnt_h, sizeof cnt_h, cudaMemcpyHostToDevice) == cudaSuccess);
   const uint64_t seed = test_seed() ^ 0xd0b17;
   CHECK_OK(mokGenerateBf16Device(seed, mokTensorX, 0, 0, cap * I, 1.0f, act, 0));
   CHECK_OK(mokGenerateBf16Device(seed, mokTensorWDown, 0, 0, (int64_t)E * H * I, 0.05f, w, 0));
