@@ -6,7 +6,8 @@
 # 128 rows), all measured on H100s only, and the gate+up tile orientations at R512 / R256
 # (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns); (3) on any
 # GPU, the random-routing table (scripts/gpu-random.sh: R +- sqrt(R) rows an expert against
-# exactly balanced rows, and cuBLAS on the same rows). PREBUILT=1: build/mok,
+# exactly balanced rows, and cuBLAS on the same rows; scripts/gpu-random-knobs.sh: the
+# schedule knobs under it). PREBUILT=1: build/mok,
 # build/mok_tests, build/libmok.so carried (run's carry), no build here. Short lines last;
 # logs under $OUT.
 set -uo pipefail
@@ -28,6 +29,7 @@ if [[ "$GPU" == *H200* ]]; then
     bash scripts/gpu-rowsm.sh > /dev/null 2>&1
   grep -E "^==|^gateup" "$OUT/rowsm/log" | paste - - | sed 's/  */ /g' | cut -c1-150
 fi
-# the random-routing table (session 42) on whatever GPU came
+# the random-routing table (session 42) and the schedule knobs under it, on whatever GPU came
 OUT=$OUT/random bash scripts/gpu-random.sh > /dev/null 2>&1
 grep -E "^(gateup|down)|balanced rows" "$OUT/random/log" | sed 's/  */ /g' | cut -c1-130
+OUT=$OUT/rknobs bash scripts/gpu-random-knobs.sh
