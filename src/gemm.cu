@@ -467,7 +467,6 @@ extern "C" mokResult_t mok_gemm_debug_dn_rows(int mode) {
 
 static int dn_rows_m_rule(void) { return __atomic_load_n(&g_dn_rows, __ATOMIC_RELAXED) != 1; }
 
-
 extern "C" mokResult_t mok_gemm_debug_mix_ctas(int ctas) {
   if (ctas < -1) return mok_error(NULL, mokInvalidArgument, "mok_gemm_debug_mix_ctas: ctas = %d, must be >= -1", ctas);
   __atomic_store_n(&g_mix_ctas, ctas, __ATOMIC_RELAXED);

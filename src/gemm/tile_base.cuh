@@ -130,9 +130,10 @@ struct GemmTileArgs {
                        boxes of tm_b0 / tm_b1 */
   int row_box128;   /* token tiles: the rows in 128-row boxes first, then 32s and a 16
                        (gemm.cu row_box_rule) */
-  int rows_m;       /* forward token tiles of exactly 128 rows (the standalone kernel and the
-                       megakernel; gate+up on the 176-row ring; not pairs): the rows as wgmma
-                       M, the 256 weight rows as N (tok_consume_rows_m; gemm.cu rows_m_rule,
+  int rows_m;       /* forward token tiles of exactly 128 rows, not pairs (gate+up on the
+                       176-row ring: the standalone kernel and the megakernel; down on the
+                       128-row ring: the standalone kernel): the rows as wgmma M, the 256
+                       weight rows as N (tok_consume_rows_m; gemm.cu rows_m_rule,
                        dn_rows_m_rule) */
   int cold_evict;   /* gate+up token tiles of the split mix order: the one-tile experts'
                        weights loaded with an L2 evict-first policy (tok_tile_produce) */

@@ -513,16 +513,18 @@ __device__ __forceinline__ void tok_consume_nt(const GemmTileArgs &a, const Tile
   }
 }
 
-/* Gate+up token tiles of exactly 128 rows with the rows as wgmma M (a.rows_m; docs/PERF.md,
- * session 41): each warpgroup multiplies its 64 rows by all 256 weight rows of the stage,
- * one m64n256k16 a k16 step, where the rows as N (tok_consume_nt) take two m64n128k16,
- * each reading the tile's 128 rows again: per k16 step the SM's shared-memory reads drop
- * from 24 to 20 KB. The stage is the token tiles' (256 weight rows, then the rows), so
- * the producer does not change; the accumulators are [64 rows x 256 weight rows] as in
- * the row-grouped tiles (per 64 outputs 64 gate, then the same 64 up columns), staged
- * without a transpose and stored as two 32-row boxes. Both warpgroups read every weight
- * row of the last stage, so they meet (named barrier 3) before either stages its
- * epilogue in its half of that stage's weight rows. */
+/* Token tiles of exactly 128 rows with the rows as wgmma M (a.rows_m; docs/PERF.md,
+ * sessions 41-42; gate+up on the 176-row ring, down on the 128-row ring): each warpgroup
+ * multiplies its 64 rows by all 256 weight rows of the stage, one m64n256k16 a k16 step,
+ * where the rows as N (tok_consume_nt) take two m64n128k16, each reading the tile's 128
+ * rows again: per k16 step the SM's shared-memory reads drop from 24 to 20 KB. The stage
+ * is the token tiles' (256 weight rows, then the rows), so the producer does not change;
+ * the accumulators are [64 rows x 256 weight rows] as in the row-grouped tiles (gate+up:
+ * per 64 outputs 64 gate, then the same 64 up columns), staged without a transpose and
+ * stored as two 32-row boxes. On the 176-row ring both warpgroups read every weight row of
+ * the last stage, so they meet (named barrier 3) before either stages its epilogue in its
+ * half of that stage's weight rows; the 128-row ring's epilogue area lets the stage go
+ * back first. */
 /* One 64-row x 64-column piece of a rows-as-M tile's outputs (v: packed bf16) staged at
  * buffer `buf` of region and stored at (x, row0) of `map` as two 32-row boxes. */
 template <bool DIAG>
