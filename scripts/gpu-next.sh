@@ -7,7 +7,8 @@
 # (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns); (3) on any
 # GPU, the random-routing table (scripts/gpu-random.sh: R +- sqrt(R) rows an expert against
 # exactly balanced rows, and cuBLAS on the same rows; scripts/gpu-random-knobs.sh: the
-# schedule knobs under it). PREBUILT=1: build/mok,
+# schedule knobs under it; scripts/gpu-ddtok.sh: down dgrad on token tiles under it; the
+# last two skipped when the call has run long). PREBUILT=1: build/mok,
 # build/mok_tests, build/libmok.so carried (run's carry), no build here. Short lines last;
 # logs under $OUT.
 set -uo pipefail
@@ -32,4 +33,11 @@ fi
 # the random-routing table (session 42) and the schedule knobs under it, on whatever GPU came
 OUT=$OUT/random bash scripts/gpu-random.sh > /dev/null 2>&1
 grep -E "^(gateup|down)|balanced rows" "$OUT/random/log" | sed 's/  */ /g' | cut -c1-130
-OUT=$OUT/rknobs bash scripts/gpu-random-knobs.sh
+if [ "$SECONDS" -lt 380 ]; then OUT=$OUT/rknobs bash scripts/gpu-random-knobs.sh; else echo "skipped: gpu-random-knobs.sh (time)"; fi
+# down dgrad on token tiles under random routing (a host-count rule could pick them where the
+# rows are near-balanced: +13% at the EP1 layer's balanced load in session 41, -8..-27% Zipf)
+if [ "$SECONDS" -lt 440 ]; then
+  OUT=$OUT/ddtok REPS=1 SHAPES="--hidden 4096 --inter 1024 --experts 512 --rows-per-expert 160 --routing random|--model qwen3.5-397b-a17b --routing random|--model kimi-k2.7-code --routing random|--model glm-5.2 --routing random|--model deepseek-v4-pro --routing random" \
+    bash scripts/gpu-ddtok.sh > /dev/null 2>&1
+  grep -E "^==|^dgrad down" "$OUT/ddtok/log" | paste - - | sed 's/  */ /g' | cut -c1-170
+else echo "skipped: gpu-ddtok.sh (time)"; fi
