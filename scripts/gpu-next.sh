@@ -8,7 +8,8 @@
 # GPU, the random-routing table (scripts/gpu-random.sh: R +- sqrt(R) rows an expert against
 # exactly balanced rows, and cuBLAS on the same rows; scripts/gpu-random-knobs.sh: the
 # schedule knobs under it; scripts/gpu-ddtok.sh: down dgrad on token tiles under it; the
-# last two skipped when the call has run long). PREBUILT=1: build/mok,
+# last two skipped when the call has run long); (4) where carried, branch exp/ddown-defer's
+# build-dd/{mok,mok_tests} (scripts/gpu-ddefer.sh). PREBUILT=1: build/mok,
 # build/mok_tests, build/libmok.so carried (run's carry), no build here. Short lines last;
 # logs under $OUT.
 set -uo pipefail
@@ -29,6 +30,11 @@ if [[ "$GPU" == *H200* ]]; then
     SHAPES="--model deepseek-v4-pro --rows-per-expert 512|--model deepseek-v4-pro|--model qwen3.5-397b-a17b --rows-per-expert 512" \
     bash scripts/gpu-rowsm.sh > /dev/null 2>&1
   grep -E "^==|^gateup" "$OUT/rowsm/log" | paste - - | sed 's/  */ /g' | cut -c1-150
+fi
+# branch exp/ddown-defer's binaries, where carried (build-dd/mok, build-dd/mok_tests): down
+# dgrad's epilogue under the next tile's first k-blocks against the usual loop
+if [ -x build-dd/mok ]; then
+  OUT=$OUT/ddefer BIN=build-dd/mok TESTS=build-dd/mok_tests REPS=1 bash scripts/gpu-ddefer.sh
 fi
 # the random-routing table (session 42) and the schedule knobs under it, on whatever GPU came
 OUT=$OUT/random bash scripts/gpu-random.sh > /dev/null 2>&1
