@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
-# gpu-ddefer.sh — for branch exp/ddown-defer's binaries (BIN, TESTS): down dgrad's 128 x 128 tiles with each tile's
-# SwiGLU' epilogue under the next tile's first k-blocks (`--ddown-defer on`) against the usual
-# loop (off), one process a run, in turns (REPS); the experiment's test first (float64 chain,
-# bitwise against the usual loop). BIN / TESTS: the branch's binaries (default build/).
-# `mok bench gemm --kinds ddown`, ours beside cuBLAS's dY W_down (no SwiGLU'). Log: $OUT/log.
+# gpu-ddefer.sh — for branch exp/ddown-defer's binaries (BIN, TESTS): down dgrad's 128 x 128
+# tiles with each tile's SwiGLU' epilogue under the next tile's first k-blocks (`--ddown-defer
+# on`) against the usual loop (off), one process a run, in turns (REPS); the experiment's
+# test first (float64 chain, bitwise against the usual loop). `mok bench gemm --kinds
+# ddown`, ours beside cuBLAS's dY W_down (no SwiGLU'). Log: $OUT/log; short lines printed.
 set -uo pipefail
 OUT=${OUT:-/tmp/ddefer}; mkdir -p "$OUT"
 BIN=${BIN:-build/mok}; TESTS=${TESTS:-build/mok_tests}
