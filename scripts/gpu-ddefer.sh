@@ -1,9 +1,10 @@
 #!/usr/bin/env bash
 # gpu-ddefer.sh — for branch exp/ddown-defer's binaries (BIN, TESTS): down dgrad's 128 x 128
 # tiles with each tile's SwiGLU' epilogue under the next tile's first k-blocks (`--ddown-defer
-# on`) against the usual loop (off), one process a run, in turns (REPS); the experiment's
-# test first (float64 chain, bitwise against the usual loop). `mok bench gemm --kinds
-# ddown`, ours beside cuBLAS's dY W_down (no SwiGLU'). Log: $OUT/log; short lines printed.
+# on --defer-blocks N`) against the usual loop (off), one process a run, in turns (REPS); the
+# experiment's test first (float64 chain, bitwise against the usual loop). `mok bench gemm
+# --kinds ddown`, ours beside cuBLAS's dY W_down (no SwiGLU'). DEFER: the variants beside off
+# (on:N; default on:3). Log: $OUT/log; short lines printed.
 set -uo pipefail
 OUT=${OUT:-/tmp/ddefer}; mkdir -p "$OUT"
 BIN=${BIN:-build/mok}; TESTS=${TESTS:-build/mok_tests}
@@ -14,9 +15,10 @@ SHAPES=${SHAPES:-"--model qwen3.5-397b-a17b|--model kimi-k2.7-code|--model glm-5
   IFS='|' read -ra S <<< "$SHAPES"
   for s in "${S[@]}"; do
     for r in $(seq "${REPS:-2}"); do
-      for m in off on; do
-        echo "== $s --ddown-defer $m ($r)"
-        timeout 120 $BIN bench gemm $s --kinds ddown --ddown-defer $m --iters 20 --vs-cublas-zipf off 2>&1 \
+      for m in off ${DEFER:-on:3}; do
+        opt="--ddown-defer off"; [ "$m" != off ] && opt="--ddown-defer on --defer-blocks ${m#on:}"
+        echo "== $s $m ($r)"
+        timeout 120 $BIN bench gemm $s --kinds ddown $opt --iters 20 --vs-cublas-zipf off 2>&1 \
           | grep -E "^dgrad down|(zipf|random) / balanced|rror|FAIL"
       done
     done

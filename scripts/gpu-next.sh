@@ -34,7 +34,7 @@ fi
 # branch exp/ddown-defer's binaries, where carried (build-dd/mok, build-dd/mok_tests): down
 # dgrad's epilogue under the next tile's first k-blocks against the usual loop
 if [ -x build-dd/mok ]; then
-  OUT=$OUT/ddefer BIN=build-dd/mok TESTS=build-dd/mok_tests REPS=1 bash scripts/gpu-ddefer.sh
+  OUT=$OUT/ddefer BIN=build-dd/mok TESTS=build-dd/mok_tests REPS=1 DEFER="on:2 on:3 on:4" bash scripts/gpu-ddefer.sh
 fi
 # the random-routing table (session 42) and the schedule knobs under it, on whatever GPU came
 OUT=$OUT/random bash scripts/gpu-random.sh > /dev/null 2>&1
