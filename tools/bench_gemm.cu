@@ -15,7 +15,8 @@
  * experts, as routing puts them, or with ,reversed the lightest first), or each of those
  * rows given to an expert drawn uniformly at random (random[:SEED]: the counts of random
  * tokens under a balanced router, R +- sqrt(R), fixed for a SEED, default 1); each segment
- * padded to 64 rows. Under random routing every "zipf" below reads "random". Inputs are random (never zeros), padding rows zero.
+ * padded to 64 rows. Under random routing every "zipf" below reads "random". Inputs are
+ * random (never zeros), padding rows zero.
  * Formulas: FLOP = 2 * rows * N * K of the GEMM (rows = routed rows, padding not
  * counted; gate+up N = 2I); TFLOP/s = FLOP / median time; HBM GB/s = (weights or
  * weight gradients once + activation rows read and written once) / median time.
