@@ -703,6 +703,18 @@ MOK_GPU_TEST(gemm_gpu_token_tiles_awkward_rows, 1) {
   }
 }
 
+/* Each case's whole chain against float64 with a diagnostics knob set to `mode` (back to 0,
+ * the rule, after each); salt picks the cases' seeds. */
+static void run_cases_with_knob(test_ctx *t, mokResult_t (*knob)(int), int mode, const gemm_case *cases, int n,
+                                uint64_t salt) {
+  for (int i = 0; i < n; ++i) {
+    CHECK_OK(knob(mode));
+    const char *err = run_case(&cases[i], test_seed() ^ salt ^ (uint64_t)i);
+    CHECK_OK(knob(0));
+    CHECK_MSG(err == NULL, "case %d: %s", i, err);
+  }
+}
+
 MOK_GPU_TEST(gemm_gpu_ddown_token_tiles, 1) {
   /* The experiment mok_gemm_debug_ddown_tok: down dgrad on token tiles (W_down^T as the
    * MN-major A operand, the expert's rows as N, g and u read back in 32-row pieces), the
@@ -713,12 +725,7 @@ MOK_GPU_TEST(gemm_gpu_ddown_token_tiles, 1) {
   static const int hot[3] = {0, 700, 33};
   const gemm_case cases[4] = {{15, 512, 256, counts, 0.0f, 24, 32, 0}, {15, 512, 256, counts, 0.0f, 24, 32, 1},
                               {6, 256, 768, counts + 9, 0.0f, 0, 32, 0}, {3, 256, 256, hot, 1.0f, 40, 0, 0}};
-  for (int i = 0; i < 4; ++i) {
-    CHECK_OK(mok_gemm_debug_ddown_tok(1));
-    const char *err = run_case(&cases[i], test_seed() ^ 0xdd70c ^ (uint64_t)i);
-    CHECK_OK(mok_gemm_debug_ddown_tok(0));
-    CHECK_MSG(err == NULL, "case %d: %s", i, err);
-  }
+  run_cases_with_knob(t, mok_gemm_debug_ddown_tok, 1, cases, 4, 0xdd70c);
 }
 
 MOK_GPU_TEST(gemm_gpu_gateup_row_tiles, 1) {
@@ -730,12 +737,7 @@ MOK_GPU_TEST(gemm_gpu_gateup_row_tiles, 1) {
   static const int hot[3] = {0, 700, 33};
   const gemm_case cases[3] = {{15, 512, 256, counts, 0.0f, 24, 32, 0}, {15, 512, 256, counts, 0.0f, 24, 32, 1},
                               {3, 256, 256, hot, 1.0f, 40, 0, 0}};
-  for (int i = 0; i < 3; ++i) {
-    CHECK_OK(mok_gemm_debug_gu_rows(1));
-    const char *err = run_case(&cases[i], test_seed() ^ 0x9a70c ^ (uint64_t)i);
-    CHECK_OK(mok_gemm_debug_gu_rows(0));
-    CHECK_MSG(err == NULL, "case %d: %s", i, err);
-  }
+  run_cases_with_knob(t, mok_gemm_debug_gu_rows, 1, cases, 3, 0x9a70c);
 }
 
 MOK_GPU_TEST(gemm_gpu_gateup_rows_m, 1) {
@@ -748,12 +750,7 @@ MOK_GPU_TEST(gemm_gpu_gateup_rows_m, 1) {
   static const int hot[3] = {0, 768, 33};
   const gemm_case cases[4] = {{12, 512, 256, counts, 0.0f, 24, 32, 0, 0}, {12, 512, 256, counts, 0.0f, 24, 32, 1, 0},
                               {12, 512, 256, counts, 0.0f, 24, 32, 0, 1}, {3, 256, 384, hot, 1.0f, 40, 0, 0, 0}};
-  for (int i = 0; i < 4; ++i) {
-    CHECK_OK(mok_gemm_debug_gu_rows(3));
-    const char *err = run_case(&cases[i], test_seed() ^ 0x9a7e ^ (uint64_t)i);
-    CHECK_OK(mok_gemm_debug_gu_rows(0));
-    CHECK_MSG(err == NULL, "case %d: %s", i, err);
-  }
+  run_cases_with_knob(t, mok_gemm_debug_gu_rows, 3, cases, 4, 0x9a7e);
 }
 
 /* The rows-as-M tests' layout: experts of 128, 256 and 512 rows (tiles of exactly 128 rows)
