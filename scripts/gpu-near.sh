@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
 # gpu-near.sh — the down GEMM's near-balanced schedule rule (session 43, measured and not
 # landed: scripts/exp/down-near-static.diff, grouped_gemm.cuh use_tickets NEAR: token tiles
-# of rows within 25% of the mean run static round-robin, not by tickets; its test's check
-# of the tickets' first expert is wrong where one-tile experts take the split mix order):
+# of rows within 25% of the mean run static round-robin, not by tickets; its test
+# gemm_gpu_down_near_balanced_static, after its first run's wrong layout was fixed, not yet
+# run on a GPU):
 # build/mok (a tree with the diff) against BASE/mok (the parent tree), one process a run,
 # in turns, down alone: random routing for SEEDS (R +- sqrt(R) rows an expert, where the
 # rule takes effect), then Zipf 1.2 and balanced rows (where it must not: the same code
