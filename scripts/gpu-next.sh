@@ -1,11 +1,12 @@
 #!/usr/bin/env bash
-# gpu-next.sh — one device call for what session 43 left open (docs/PERF.md): (1) the full C
-# suite and the Python binding's tests; (2) on an H200 only, issue 5's lines (gpu-s36.sh's
+# gpu-next.sh — one device call for what session 43 left open (docs/PERF.md): (1) on an
+# H200 only, first (so that a call cut short still has them), issue 5's lines (gpu-s36.sh's
 # GEMM part, REPS runs) with session 41-42's rows-as-M 128-row tiles and session 42's tile
 # cut, all measured on H100s only so far, and the gate+up tile orientations at R512 / R256
-# (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns); (3) on any
-# GPU, the random-routing table (scripts/gpu-random.sh) and the tile traces of gate+up
-# under random routing (scripts/gpu-trace-random.sh; skipped when the call has run long).
+# (scripts/gpu-rowsm.sh: row-grouped / token rows as N / rows as M, in turns); (2) the full
+# C suite and the Python binding's tests; (3) on any GPU, the random-routing table
+# (scripts/gpu-random.sh) and the tile traces of gate+up under random routing
+# (scripts/gpu-trace-random.sh; skipped when the call has run long).
 # PREBUILT=1: build/mok, build/mok_tests, build/libmok.so carried (run's carry), no build
 # here. Short lines last; logs under $OUT.
 set -uo pipefail
@@ -15,10 +16,6 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $
 if [ "${PREBUILT:-0}" != 1 ] || [ ! -x build/mok ] || [ ! -x build/mok_tests ] || [ ! -f build/libmok.so ]; then
   make -j16 all build/mok_tests > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
 fi
-timeout 300 build/mok_tests > "$OUT/suite.log" 2>&1; echo "suite rc=$? $(grep -E 'passed|failed' "$OUT/suite.log" | tail -1)"
-grep -E "^FAIL|host steps|rank [0-9]:" "$OUT/suite.log" | cut -c1-300
-MOK_LIBRARY=$PWD/build/libmok.so timeout 300 python3 python/tests/test_mok.py > "$OUT/python.log" 2>&1
-echo "python rc=$? $(grep -E 'passed' "$OUT/python.log" | tail -1)"; grep -E "FAIL" "$OUT/python.log" | cut -c1-300
 if [[ "$GPU" == *H200* ]]; then
   OUT=$OUT/s36 PREBUILT=1 GEMM_ONLY=1 REPS=${REPS:-2} bash scripts/gpu-s36.sh > /dev/null 2>&1
   grep -E "^(--|gateup|down)|zipf / balanced" "$OUT/s36/gemm.log" | cut -c1-130
@@ -27,6 +24,10 @@ if [[ "$GPU" == *H200* ]]; then
     bash scripts/gpu-rowsm.sh > /dev/null 2>&1
   grep -E "^==|^gateup" "$OUT/rowsm/log" | paste - - | sed 's/  */ /g' | cut -c1-150
 fi
+timeout 300 build/mok_tests > "$OUT/suite.log" 2>&1; echo "suite rc=$? $(grep -E 'passed|failed' "$OUT/suite.log" | tail -1)"
+grep -E "^FAIL|host steps|rank [0-9]:" "$OUT/suite.log" | cut -c1-300
+MOK_LIBRARY=$PWD/build/libmok.so timeout 300 python3 python/tests/test_mok.py > "$OUT/python.log" 2>&1
+echo "python rc=$? $(grep -E 'passed' "$OUT/python.log" | tail -1)"; grep -E "FAIL" "$OUT/python.log" | cut -c1-300
 # the random-routing table (session 42), on whatever GPU came
 OUT=$OUT/random bash scripts/gpu-random.sh > /dev/null 2>&1
 grep -E "^(gateup|down)|balanced rows" "$OUT/random/log" | sed 's/  */ /g' | cut -c1-130
