@@ -65,7 +65,8 @@ namespace mok_sm90 {
 /* ---- the standalone persistent kernel: one CTA per SM ----------------------------------
  * Tile schedule: either static round-robin (CTA b runs tiles b, b + gridDim.x, ...) or
  * run-time tickets (CTA b runs tile b, then gridDim.x + an atomic ticket from a.sched[0],
- * taken by the producer thread one tile ahead), by use_tickets below. (Tickets taken from
+ * taken by the producer thread once it has issued the current tile's loads, as the fused
+ * FFN's and the megakernel's producers do), by use_tickets below. (Tickets taken from
  * both ends of the tile order, to overlap the least-loaded experts' weight streaming with
  * the most-loaded ones' compute, measured slower under Zipf routing: docs/PERF.md.) Tiles that differ in cost
  * (64-row tail tiles, short weight-gradient tiles) leave SMs idle under round-robin (with
@@ -337,6 +338,31 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
         mbarrier_arrive(&sfull[sp.stage]); /* release: the consumers read the slot after their wait */
         pipe_advance<kSchedSlots>(sp);
         if (!more) break;
+        w.tile = (uint32_t)tnum;
+        if (tnum == a.stall_tile) break; /* tests: a load that never comes */
+        bool ok;
+        if constexpr (TOK != 0) { /* cold: a one-tile expert's tile (split mix order, gate+up alone) */
+          const bool cold = KIND == kGateUpFwd && TOK == 1 && mix_tc[2] && (mix_tc[3] & 1);
+          ok = tok_tile_produce<KIND, TOK == 2, kRing, DIAG>(a, c, smem, p, w, cold);
+        } else {
+          ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
+        }
+        if (!ok) break;
+        /* The next tile, now that this one's loads are all issued: a ticket taken here is
+         * taken about a ring's depth before its tile can start, so the tiles of one weight
+         * block (consecutive tickets) start together and the later ones find its blocks in
+         * L2. Taken before this tile's loads (sessions 3-43), a ticket went to a CTA a whole
+         * tile before it could start it, and under uneven rows tiles of one block started
+         * up to 35 us apart. Measured (docs/PERF.md, session 44, one H100, the parent's
+         * binary in turns, two processes each; ours on uneven rows over ours on balanced
+         * rows, in turn in one process): gate+up under random routing qwen3.5 R320
+         * 0.909 -> 0.96 (0.600 -> 0.556 ms), deepseek-v4-pro R256 0.89-0.92 -> 0.92-0.93
+         * (1.83 -> 1.73 ms), kimi and glm -1..-2% a launch; under Zipf 1.2 qwen3.5
+         * 0.81-0.84 -> 0.84-0.85, deepseek-v4-pro 0.78 -> 0.81, kimi 0.86 -> 0.88-0.90, glm
+         * 0.90 -> 0.92; down level to -3% a launch; balanced launches (static: no tickets)
+         * level; the backward kinds (tickets on every launch but balanced row-grouped ones)
+         * level to faster: Zipf deepseek-v4-pro dgrad down / gate+up -3% / -4%, wgrad
+         * -1..-3%, balanced qwen3.5 R320 dgrad down -2.8%. */
         int next = t + units;
         if (mix_tc[2]) {
           next = atomicAdd(&a.sched[(mix_tc[3] & 1) ? 2 : 0], 1);
@@ -361,16 +387,6 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
             next = units + v;
           }
         }
-        w.tile = (uint32_t)tnum;
-        if (tnum == a.stall_tile) break; /* tests: a load that never comes */
-        bool ok;
-        if constexpr (TOK != 0) { /* cold: a one-tile expert's tile (split mix order, gate+up alone) */
-          const bool cold = KIND == kGateUpFwd && TOK == 1 && mix_tc[2] && (mix_tc[3] & 1);
-          ok = tok_tile_produce<KIND, TOK == 2, kRing, DIAG>(a, c, smem, p, w, cold);
-        } else {
-          ok = gemm_tile_produce<KIND, BN>(a, c, smem, p, w);
-        }
-        if (!ok) break;
         t = next;
       }
       __threadfence(); /* this CTA's tickets come before its finish count */
