@@ -1,5 +1,6 @@
 #!/usr/bin/env bash
-# gpu-next.sh — one device call for what session 43 left open (docs/PERF.md): (1) on an
+# gpu-next.sh — one device call for what sessions 43-44 left open (docs/PERF.md; session 44
+# landed tickets taken after the tile's loads, measured on H100s only): (1) on an
 # H200 only, first (so that a call cut short still has them), issue 5's lines (gpu-s36.sh's
 # GEMM part, REPS runs) with session 41-42's rows-as-M 128-row tiles and session 42's tile
 # cut, all measured on H100s only so far, and the gate+up tile orientations at R512 / R256
