@@ -11,7 +11,7 @@ GPU=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1); echo "gpu: $
 if [ "${PREBUILT:-0}" != 1 ] || [ ! -x build/mok ]; then
   make -j16 all > "$OUT/build.log" 2>&1 || { echo "build failed"; tail -20 "$OUT/build.log"; exit 1; }
 fi
-if [[ "$GPU" == *H200* ]]; then
+if [[ "$GPU" == *H200* ]] && [ "${LINES:-1}" = 1 ]; then  # LINES=0: traces only
   OUT=$OUT/s36 PREBUILT=1 GEMM_ONLY=1 REPS=${REPS:-1} bash scripts/gpu-s36.sh > /dev/null 2>&1
   grep -E "^(--|gateup|down)|zipf / balanced" "$OUT/s36/gemm.log" | cut -c1-130
 fi
