@@ -360,7 +360,7 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
          * (1.83 -> 1.73 ms), kimi and glm -1..-2% a launch; under Zipf 1.2 qwen3.5
          * 0.81-0.84 -> 0.84-0.85, deepseek-v4-pro 0.78 -> 0.81, kimi 0.86 -> 0.88-0.90, glm
          * 0.90 -> 0.92; down level to -3% a launch; balanced launches (static: no tickets)
-         * level; the backward kinds (tickets on every launch but balanced row-grouped ones)
+         * level; the backward kinds (tickets on every launch but row-grouped ones of equal tiles)
          * level to faster: Zipf deepseek-v4-pro dgrad down / gate+up -3% / -4%, wgrad
          * -1..-3%, balanced qwen3.5 R320 dgrad down -2.8%. */
         int next = t + units;
