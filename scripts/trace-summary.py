@@ -2,11 +2,15 @@
 """trace-summary.py — reads `mok bench gemm --trace FILE` CSVs and prints, per file and kind:
 the launch span, how busy the CTAs were, tile durations by rows (and by class: experts of
 one tile per output block vs the others), and a timeline of ten bins (CTAs busy, of which
-in single-tile experts' tiles). Usage: scripts/trace-summary.py FILE..."""
-import collections, csv, sys
+in single-tile experts' tiles). --experts: also a line an expert (row tiles, tile rows,
+mean tile time, first start, last end), in the order of their first tiles. FILE may be
+gzipped (.gz). Usage: scripts/trace-summary.py [--experts] FILE..."""
+import collections, csv, gzip, sys
 
-for path in sys.argv[1:]:
-    rows = list(csv.DictReader(open(path)))
+args = [a for a in sys.argv[1:] if a != "--experts"]
+per_expert = "--experts" in sys.argv[1:]
+for path in args:
+    rows = list(csv.DictReader(gzip.open(path, "rt") if path.endswith(".gz") else open(path)))
     for kind in sorted(set(r["kind"] for r in rows)):
         rs = [r for r in rows if r["kind"] == kind]
         for r in rs:
@@ -47,3 +51,14 @@ for path in sys.argv[1:]:
                     sgl += o
             line.append("%5.1f/%-5.1f" % (tot / (hi - lo), sgl / (hi - lo)))
         print("   " + " ".join(line))
+        if per_expert:
+            print("   expert  row tiles  tile rows  mean us  first start us  last end us")
+            by_e = collections.defaultdict(list)
+            for r in rs:
+                by_e[r["expert"]].append(r)
+            for e, t in sorted(by_e.items(), key=lambda kv: min(r["start_ns"] for r in kv[1])):
+                d = [r["end_ns"] - r["start_ns"] for r in t]
+                tr = "/".join(str(n) for n in sorted(set(r["rows"] for r in t)))
+                print("   %6d %10d %10s %8.1f %15.1f %12.1f" % (e, len(t) // len(blocks_e[e]), tr, sum(d) / len(d) / 1e3,
+                                                              min(r["start_ns"] for r in t) / 1e3,
+                                                              max(r["end_ns"] for r in t) / 1e3))

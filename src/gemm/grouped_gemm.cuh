@@ -77,6 +77,15 @@ namespace mok_sm90 {
  * (sfull: 1 arrival, sempty: 256). The last CTA to finish zeroes a.sched for the next
  * launch (also after a timeout: every CTA still ends). */
 
+/* Experiment (session 45; docs/PERF.md): a compile-time switch for build variants (make
+ * B=build-r1 NVCC_GENCODE="-gencode arch=compute_90a,code=sm_90a -DMOK_EXP_MIXREV=1"): in
+ * the split mix order, bit 0 hands out the one-tile experts' tiles fewest rows first, bit 1
+ * the multi-tile experts' (both classes otherwise walk from most rows to fewest, so both
+ * turn from MMA-bound to stream-bound together). 0: the order as measured and kept. */
+#ifndef MOK_EXP_MIXREV
+#define MOK_EXP_MIXREV 0
+#endif
+
 /* The schedule rule, from measurements (docs/PERF.md): tickets for weight gradients
  * (short tiles, K = one expert's rows) and for row-grouped launches whose tiles differ in
  * cost (some segment ends in a 64-row tail tile); static round-robin for row-grouped
@@ -317,7 +326,8 @@ __global__ void __launch_bounds__(kThreads, 1) grouped_gemm_kernel(const __grid_
             mix_tc[3] = 2 | q;
             t = atomicAdd(&a.sched[q ? 2 : 0], 1);
           }
-          more = t < (q ? C : T - C) && gemm_decode_tile<KIND, BN, TOK>(a, cur[q], t, c, q, rank);
+          const int tq = (MOK_EXP_MIXREV & 1) && q ? C - 1 - t : (MOK_EXP_MIXREV & 2) && !q ? T - C - 1 - t : t;
+          more = t < (q ? C : T - C) && gemm_decode_tile<KIND, BN, TOK>(a, cur[q], tq, c, q, rank);
         } else if (mix) { /* two cursors: one per class */
           int cls = 0, idx = 0;
           const int T = mix_tc[0];
